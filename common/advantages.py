@@ -1,0 +1,108 @@
+"""Group-relative advantages and G²RPO's multi-granularity, multi-reward fusion.
+
+    A_{p,k,g,r}^j = (R^j − mean_j R) / (std_j R + eps)       per (prompt, k, g, reward)
+    A_{p,k}^j     = clip( Σ_r w_r · Σ_g A_{p,k,g,r}^j , ±adv_clip )
+
+(Eqs. 10–12 of the paper as the official code implements them: torch's unbiased
+std, eps 1e-8, unweighted sum over granularities, clamp after summation.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+
+def group_normalize(
+    rewards: torch.Tensor,
+    dim: int = -1,
+    *,
+    unbiased: bool = True,
+    eps: float = 1e-8,
+    spread_tol: float = 0.0,
+) -> torch.Tensor:
+    """(r − mean)/(std + eps) along ``dim`` (the group), computed in float64.
+
+    A group whose rewards do not spread (max − min <= spread_tol) gets exactly zero
+    advantage: eps alone leaves float noise that the normalisation blows up to O(1).
+    """
+    if rewards.shape[dim] < 2:
+        return torch.zeros_like(rewards, dtype=torch.float64)
+    r = rewards.to(torch.float64)
+    mean = r.mean(dim=dim, keepdim=True)
+    std = r.std(dim=dim, keepdim=True, unbiased=unbiased)
+    adv = (r - mean) / (std + eps)
+    spread = r.amax(dim=dim, keepdim=True) - r.amin(dim=dim, keepdim=True)
+    return torch.where(spread <= spread_tol, torch.zeros_like(adv), adv)
+
+
+def fuse_g2rpo_advantages(
+    rewards: Mapping[str, torch.Tensor],
+    weights: Mapping[str, float],
+    *,
+    adv_clip: float = 5.0,
+    eps: float = 1e-8,
+    spread_tol: float = 0.0,
+) -> torch.Tensor:
+    """Fuse per-branch rewards into one advantage per (prompt, k, member).
+
+    rewards[name] has shape [P, K, J, G] (prompt, SDE step, granularity, member).
+    Returns float64 [P, K, G].
+    """
+    if not rewards:
+        raise ValueError("at least one reward is needed")
+    missing = set(rewards) - set(weights)
+    if missing:
+        raise ValueError(f"no weight given for reward(s) {sorted(missing)}")
+    shapes = {name: tuple(r.shape) for name, r in rewards.items()}
+    if len(set(shapes.values())) != 1 or len(next(iter(shapes.values()))) != 4:
+        raise ValueError(f"rewards must all be [P, K, J, G]; got {shapes}")
+    total = None
+    for name, r in rewards.items():
+        per_granularity = group_normalize(r, dim=-1, eps=eps, spread_tol=spread_tol)
+        term = weights[name] * per_granularity.sum(dim=2)
+        total = term if total is None else total + term
+    return total.clamp(-adv_clip, adv_clip)
+
+
+def fuse_terminal_advantages(
+    rewards: Mapping[str, torch.Tensor],
+    weights: Mapping[str, float],
+    *,
+    adv_clip: float = 5.0,
+    unbiased: bool = True,
+    eps: float = 1e-8,
+    spread_tol: float = 0.0,
+    global_std: bool = False,
+) -> torch.Tensor:
+    """Baselines: one terminal reward per member, rewards[name] of shape [P, G].
+
+    Normalised per prompt group and per reward, weighted sum, clipped (MixGRPO's
+    advantage aggregation; with one reward this is DanceGRPO's/Flow-GRPO's).
+    ``global_std``: Flow-GRPO's option of dividing by the std of all rewards.
+    Returns float64 [P, G], broadcast by the caller to every trained step.
+    """
+    total = None
+    for name, r in rewards.items():
+        if r.ndim != 2:
+            raise ValueError(f"reward {name!r} must be [P, G], got {tuple(r.shape)}")
+        if global_std:
+            r64 = r.to(torch.float64)
+            centred = r64 - r64.mean(dim=-1, keepdim=True)
+            adv = weights[name] * centred / (r64.std(unbiased=unbiased) + eps)
+        else:
+            adv = weights[name] * group_normalize(
+                r, dim=-1, unbiased=unbiased, eps=eps, spread_tol=spread_tol
+            )
+        total = adv if total is None else total + adv
+    if total is None:
+        raise ValueError("at least one reward is needed")
+    return total.clamp(-adv_clip, adv_clip)
+
+
+def shuffle_within_groups(adv: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Control: permute advantages among the members of each group (last dim)."""
+    flat = adv.reshape(-1, adv.shape[-1])
+    perm = torch.argsort(torch.rand(flat.shape, generator=generator), dim=-1)
+    return torch.gather(flat, 1, perm.to(flat.device)).reshape(adv.shape)

@@ -1,0 +1,212 @@
+"""Every knob of a run as pydantic models, loaded from YAML with ``a.b=c`` overrides.
+
+Unknown keys are errors (a typo must never silently fall back to a default), and
+every validation error names the dotted field and the offending value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased for the user (field path + value + reason)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Strict):
+    pretrained: str | None = Field(
+        None,
+        description="Local diffusers pipeline directory; None = the built-in random test model",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    guidance: float = Field(3.5, description="FLUX distilled guidance embedding")
+    quantize_timestep: bool = Field(True, description="feed floor(1000σ)/1000 as the official code")
+
+
+class SamplingConfig(_Strict):
+    num_steps: int = Field(16, ge=2, le=1000, description="T, the sampling grid length")
+    shift: float = Field(3.0, gt=0, description="SD3/FLUX static time shift")
+    eta: float = Field(0.7, ge=0, description="SDE noise level η")
+    sde_steps: list[int] = Field(default_factory=lambda: list(range(8)))
+    granularities: list[int] = Field(default_factory=lambda: [1, 2])
+    terminal: Literal["exact", "reference"] = "exact"
+    group_size: int = Field(12, ge=2, description="G, branches per group")
+    prompts_per_worker: int = Field(1, ge=1)
+    max_batch: int = Field(256, ge=1, description="largest batch of one model call")
+    execution: Literal["batched", "reference"] = "batched"
+
+    @field_validator("sde_steps")
+    @classmethod
+    def _sde_steps(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("needs at least one SDE step")
+        if len(set(v)) != len(v):
+            raise ValueError(f"has duplicates: {v}")
+        if min(v) < 0:
+            raise ValueError(f"steps must be >= 0: {v}")
+        return sorted(v)
+
+    @field_validator("granularities")
+    @classmethod
+    def _granularities(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("needs at least one granularity")
+        if min(v) < 1 or len(set(v)) != len(v):
+            raise ValueError(f"must be distinct integers >= 1: {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _steps_within_grid(self) -> SamplingConfig:
+        bad = [k for k in self.sde_steps if k > self.num_steps - 2]
+        if bad:
+            raise ValueError(
+                f"sde_steps {bad} exceed num_steps-2={self.num_steps - 2}: the last step ends at "
+                "sigma=0 where the SDE density degenerates"
+            )
+        return self
+
+
+class DanceGRPOOptions(_Strict):
+    timestep_fraction: float = Field(0.6, gt=0, le=1, description="fraction of steps trained")
+
+
+class FlowGRPOOptions(_Strict):
+    train_fraction: float = Field(0.99, gt=0, le=1, description="first int(T·f) steps trained")
+    kl_beta: float = Field(0.0, ge=0, description="KL to the initial model")
+    init_same_noise: bool = False
+    adv_std: Literal["group", "global"] = "group"
+
+
+class MixGRPOOptions(_Strict):
+    window_size: int = Field(4, ge=1)
+    shift_every: int = Field(25, ge=1, description="iterations per window position")
+    stride: int = Field(1, ge=0, description="window advance per move")
+    roll_back: bool = True
+
+
+class AlgorithmConfig(_Strict):
+    name: Literal["g2rpo", "dancegrpo", "flowgrpo", "mixgrpo"] = "g2rpo"
+    dancegrpo: DanceGRPOOptions = Field(default_factory=DanceGRPOOptions)
+    flowgrpo: FlowGRPOOptions = Field(default_factory=FlowGRPOOptions)
+    mixgrpo: MixGRPOOptions = Field(default_factory=MixGRPOOptions)
+    control: bool = Field(False, description="shuffle advantages within each group (control run)")
+
+
+class OptimConfig(_Strict):
+    lr: float = Field(2e-6, gt=0)
+    weight_decay: float = Field(1e-4, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    clip_range: float = Field(1e-4, gt=0, description="PPO ratio clip ε")
+    adv_clip: float = Field(5.0, gt=0, description="advantage clamp after fusion")
+    max_grad_norm: float = Field(1.0, gt=0)
+    step_mode: Literal["per_sde_step", "accumulate"] = "per_sde_step"
+    adv_eps: float = Field(1e-8, gt=0)
+    adv_spread_tol: float = Field(
+        1e-7, ge=0, description="groups spreading less get zero advantage"
+    )
+
+
+class RewardSpec(_Strict):
+    name: str
+    weight: float = 1.0
+
+
+class RunConfig(_Strict):
+    name: str = "run"
+    seed: int = 42
+    iterations: int = Field(100, ge=1)
+    output_dir: str = "runs"
+
+
+class G2RPOConfig(_Strict):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="shapes_clip")])
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @field_validator("rewards")
+    @classmethod
+    def _rewards(cls, v: list[RewardSpec]) -> list[RewardSpec]:
+        if not v:
+            raise ValueError("needs at least one reward")
+        names = [r.name for r in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward names must be unique: {names}")
+        return v
+
+    def reward_weights(self) -> dict[str, float]:
+        return {r.name: r.weight for r in self.rewards}
+
+
+def _format_errors(err: ValidationError, data: dict[str, Any]) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"])
+        value = e.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {path or '<root>'}: {e['msg']}{shown}")
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML."""
+    if "=" not in assignment:
+        raise ConfigError(f"override {assignment!r} must look like section.field=value")
+    key, raw = assignment.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"override {assignment!r} has an empty field path")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {key}: cannot parse value {raw!r}: {exc}") from None
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key}: {'.'.join(parts[: i + 1])} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -> G2RPOConfig:
+    data = yaml.safe_load(yaml.safe_dump(data)) if data else {}
+    for assignment in overrides or []:
+        apply_override(data, assignment)
+    try:
+        return G2RPOConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, data)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> G2RPOConfig:
+    """Read a YAML config (or the defaults when path is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
+        data = loaded or {}
+    return config_from_dict(data, overrides)
+
+
+def dump_config(cfg: G2RPOConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

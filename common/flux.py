@@ -1,0 +1,146 @@
+"""FLUX latent layout and a velocity-model adapter around diffusers' FluxTransformer2DModel.
+
+FLUX packs a [B, C, H, W] latent into 2×2 patches: [B, (H/2)(W/2), 4C] tokens, with
+3-channel image ids (0, row, col) and all-zero text ids. The engine works on packed
+latents; the adapter adds ids, guidance and the per-sample timestep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pack_latents(latents: torch.Tensor) -> torch.Tensor:
+    """[B, C, H, W] → [B, (H/2)(W/2), 4C] (diffusers FluxPipeline._pack_latents layout)."""
+    b, c, h, w = latents.shape
+    if h % 2 or w % 2:
+        raise ValueError(f"latent height and width must be even, got {h}x{w}")
+    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Inverse of pack_latents for a latent of height×width (in latent pixels)."""
+    b, n, d = tokens.shape
+    h, w = height // 2, width // 2
+    if n != h * w:
+        raise ValueError(f"{n} tokens do not make a {height}x{width} latent")
+    x = tokens.view(b, h, w, d // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(b, d // 4, height, width)
+
+
+def latent_image_ids(height: int, width: int) -> torch.Tensor:
+    """[(H/2)(W/2), 3] ids (0, row, col) of the packed tokens of an H×W latent."""
+    ids = torch.zeros(height // 2, width // 2, 3)
+    ids[..., 1] = torch.arange(height // 2)[:, None]
+    ids[..., 2] = torch.arange(width // 2)[None, :]
+    return ids.reshape(-1, 3)
+
+
+class FluxVelocity:
+    """Adapts a FluxTransformer2DModel to the engine's VelocityModel protocol.
+
+    cond must hold ``encoder_hidden_states`` [B, S, D] and ``pooled_projections`` [B, D].
+    The network runs in its own dtype (bf16 on GPU); inputs and outputs cross in fp32.
+    """
+
+    def __init__(
+        self,
+        transformer: Any,
+        latent_height: int,
+        latent_width: int,
+        guidance: float | None = 3.5,
+    ) -> None:
+        self.transformer = transformer
+        self.img_ids = latent_image_ids(latent_height, latent_width)
+        self.guidance = guidance
+        self.calls = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.transformer.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.transformer.parameters()).device
+
+    def __call__(
+        self, x: torch.Tensor, timestep: torch.Tensor, cond: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor:
+        dtype, device = self.dtype, self.device
+        text = cond["encoder_hidden_states"].to(device, dtype)
+        guidance = None
+        if getattr(self.transformer.config, "guidance_embeds", False):
+            guidance = torch.full((x.shape[0],), float(self.guidance or 0.0), device=device)
+        self.calls += 1
+        out = self.transformer(
+            hidden_states=x.to(device, dtype),
+            encoder_hidden_states=text,
+            pooled_projections=cond["pooled_projections"].to(device, dtype),
+            timestep=timestep.to(device, dtype),
+            img_ids=self.img_ids.to(device, dtype),
+            txt_ids=torch.zeros(text.shape[1], 3, device=device, dtype=dtype),
+            guidance=guidance,
+            return_dict=False,
+        )[0]
+        return out.to(torch.float32)
+
+
+def tiny_flux_config(size: str = "bench") -> dict[str, Any]:
+    """FLUX-layout transformer configs built in-process (no download).
+
+    ``test``: ~0.1M params for unit tests; ``bench``: ~1.6M params, the CPU benchmark;
+    ``gpu``: a few hundred million params for the bf16 GPU benchmark.
+    """
+    presets = {
+        "test": dict(
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
+            axes_dims_rope=(4, 6, 6),
+        ),
+        "bench": dict(
+            num_layers=2,
+            num_single_layers=4,
+            attention_head_dim=32,
+            num_attention_heads=4,
+            joint_attention_dim=64,
+            pooled_projection_dim=64,
+            axes_dims_rope=(8, 12, 12),
+        ),
+        "gpu": dict(
+            num_layers=4,
+            num_single_layers=8,
+            attention_head_dim=128,
+            num_attention_heads=8,
+            joint_attention_dim=1024,
+            pooled_projection_dim=768,
+            axes_dims_rope=(16, 56, 56),
+        ),
+    }
+    if size not in presets:
+        raise ValueError(f"unknown tiny FLUX size {size!r}; choose from {sorted(presets)}")
+    return dict(patch_size=1, in_channels=64, guidance_embeds=True, **presets[size])
+
+
+def build_tiny_flux(size: str = "bench", seed: int = 0, dtype: torch.dtype = torch.float32):
+    """A randomly initialised FluxTransformer2DModel of a preset size."""
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(seed)
+    model = FluxTransformer2DModel(**tiny_flux_config(size))
+    if dtype != torch.float32:
+        model = model.to(dtype)
+    return model.eval()
+
+
+def count_parameters(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

@@ -1,0 +1,47 @@
+"""PPO-clip surrogate on the per-step log-probs (the GRPO loss, Eq. 7).
+
+r = exp(log π_θ − log π_old),  L = mean( max(−A·r, −A·clip(r, 1−ε, 1+ε)) )
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PPOStats:
+    loss: torch.Tensor
+    ratio: torch.Tensor  # detached, per transition
+    clipped: torch.Tensor  # bool, per transition: |r − 1| > ε (the clip is active)
+
+
+def ppo_clip_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_range: float,
+) -> PPOStats:
+    """Mean PPO-clip loss over the given transitions (gradient flows through log_prob)."""
+    if clip_range <= 0:
+        raise ValueError(f"clip_range must be > 0, got {clip_range}")
+    adv = advantages.to(log_prob.dtype)
+    ratio = torch.exp(log_prob - old_log_prob.to(log_prob.dtype))
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    loss = torch.maximum(unclipped, clipped).mean()
+    outside = (ratio - 1.0).abs().detach() > clip_range
+    return PPOStats(loss=loss, ratio=ratio.detach(), clipped=outside)
+
+
+def kl_to_reference(
+    mean: torch.Tensor, reference_mean: torch.Tensor, diffusion_coef: torch.Tensor
+) -> torch.Tensor:
+    """Flow-GRPO's KL penalty per sample: mean((μ_θ − μ_ref)²) / (2g²).
+
+    Note the denominator is g², not g²·|Δ| as in the exact Gaussian KL (the
+    reference code's choice, kept so β values transfer).
+    """
+    g2 = (diffusion_coef.to(mean.dtype) ** 2).reshape(-1)
+    return ((mean - reference_mean) ** 2).flatten(1).mean(dim=1) / (2.0 * g2)

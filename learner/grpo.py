@@ -1,0 +1,180 @@
+"""The GRPO update on stored SDE transitions (pure torch, no Ray).
+
+For each trained step t the policy's velocity is recomputed at the stored states
+(one forward per distinct state: in G²RPO one per (prompt, k), shared by the G
+members), the step's Gaussian log-prob of each stored x_{t+1} is re-evaluated,
+and the PPO-clip loss is minimised. The optimizer steps after every SDE step (the
+official G²RPO HPS script) or once per iteration with the per-step losses
+averaged (its accumulate variant).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from ..common.ppo import kl_to_reference, ppo_clip_loss
+from ..common.schedules import model_timestep
+from ..common.sde import (
+    SDEType,
+    diffusion_coefficient,
+    gaussian_log_prob,
+    step_coefficients,
+    transition_mean,
+)
+from ..rollout_worker.engine import Transitions, VelocityModel
+
+StepMode = Literal["per_sde_step", "accumulate"]
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What the learner must know of the sampler to recompute a step's density."""
+
+    sigmas: torch.Tensor  # float64 [T+1]
+    eta: float
+    sde_type: SDEType
+    quantize_timestep: bool = True
+
+
+@dataclass
+class UpdateStats:
+    loss: float
+    ratio_mean: float
+    ratio_min: float
+    ratio_max: float
+    clip_fraction: float
+    grad_norm: float  # mean pre-clip norm over optimizer steps
+    grad_norm_max: float
+    optimizer_steps: int
+    kl: float
+    transitions: int
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+def recompute_log_probs(
+    model: VelocityModel,
+    transitions: Transitions,
+    rows: torch.Tensor,
+    cond: Mapping[str, torch.Tensor],
+    spec: StepSpec,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log π_θ(x_{t'} | x_t) of the given transition rows, one forward per distinct state.
+
+    Returns (log_prob [m], mean [m, ...], diffusion coefficient g [m]).
+    """
+    state_of_row = transitions.state_index[rows]
+    unique_states, inverse = torch.unique(state_of_row, return_inverse=True)
+    x = transitions.states[unique_states]
+    device = x.device
+    steps = transitions.state_step[unique_states]
+    timestep = model_timestep(spec.sigmas[steps], spec.quantize_timestep).to(torch.float32)
+    prompts = transitions.state_prompt[unique_states].to(device)
+    v = model(x, timestep.to(device), {k: c.index_select(0, prompts) for k, c in cond.items()})
+    inverse = inverse.to(device)
+    sigma = spec.sigmas[transitions.state_step[state_of_row]]
+    sigma_next = spec.sigmas[transitions.next_step[rows]]
+    coefs = step_coefficients(sigma, sigma_next, spec.eta, spec.sde_type, float(spec.sigmas[1]))
+    mean = transition_mean(x[inverse].to(torch.float32), v[inverse].to(torch.float32), coefs)
+    log_prob = gaussian_log_prob(transitions.next_samples[rows].to(device), mean, coefs.std)
+    g = diffusion_coefficient(sigma, spec.eta, spec.sde_type, float(spec.sigmas[1]))
+    return log_prob, mean, g
+
+
+def grpo_update(
+    model: VelocityModel,
+    parameters: Sequence[torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    transitions: Transitions,
+    advantages: torch.Tensor,
+    cond: Mapping[str, torch.Tensor],
+    spec: StepSpec,
+    *,
+    clip_range: float,
+    max_grad_norm: float,
+    step_mode: StepMode = "per_sde_step",
+    max_batch: int = 64,
+    reference_model: VelocityModel | None = None,
+    kl_beta: float = 0.0,
+) -> UpdateStats:
+    """One iteration's policy update. ``advantages`` is the plan's flat advantage
+    tensor; transition i uses advantages[transitions.adv_slot[i]]."""
+    if len(transitions) == 0:
+        raise ValueError("no trained transitions in this rollout")
+    if step_mode not in ("per_sde_step", "accumulate"):
+        raise ValueError(f"step_mode must be 'per_sde_step' or 'accumulate', got {step_mode!r}")
+    if kl_beta > 0 and reference_model is None:
+        raise ValueError("kl_beta > 0 needs a reference_model")
+    params = list(parameters)
+    adv = advantages.reshape(-1)[transitions.adv_slot]
+    step_of_row = transitions.state_step[transitions.state_index]
+    groups = [torch.nonzero(step_of_row == t).flatten() for t in torch.unique(step_of_row)]
+
+    ratios, clipped, norms = [], [], []
+    total_loss = total_kl = 0.0
+    optimizer.zero_grad(set_to_none=True)
+    for gi, group in enumerate(groups):
+        group_weight = 1.0 if step_mode == "per_sde_step" else 1.0 / len(groups)
+        # Chunk by distinct states so memory stays bounded; losses are weighted so
+        # that the gradient equals the group mean.
+        for chunk in _chunks_by_state(group, transitions.state_index, max_batch):
+            frac = chunk.numel() / group.numel()
+            log_prob, mean, g = recompute_log_probs(model, transitions, chunk, cond, spec)
+            stats = ppo_clip_loss(
+                log_prob,
+                transitions.old_log_probs[chunk].to(log_prob.device),
+                adv[chunk].to(log_prob.device),
+                clip_range,
+            )
+            loss = stats.loss
+            if kl_beta > 0:
+                with torch.no_grad():
+                    _, ref_mean, _ = recompute_log_probs(
+                        reference_model, transitions, chunk, cond, spec
+                    )
+                kl = kl_to_reference(mean, ref_mean, g.to(mean.device)).mean()
+                loss = loss + kl_beta * kl
+                total_kl += float(kl.detach()) * frac / len(groups)
+            (loss * frac * group_weight).backward()
+            total_loss += float(loss.detach()) * frac / len(groups)
+            ratios.append(stats.ratio.float().cpu())
+            clipped.append(stats.clipped.cpu())
+        last = gi == len(groups) - 1
+        if step_mode == "per_sde_step" or last:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            norms.append(float(norm))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    ratio = torch.cat(ratios)
+    return UpdateStats(
+        loss=total_loss,
+        ratio_mean=float(ratio.mean()),
+        ratio_min=float(ratio.min()),
+        ratio_max=float(ratio.max()),
+        clip_fraction=float(torch.cat(clipped).float().mean()),
+        grad_norm=sum(norms) / len(norms),
+        grad_norm_max=max(norms),
+        optimizer_steps=len(norms),
+        kl=total_kl,
+        transitions=len(transitions),
+    )
+
+
+def _chunks_by_state(
+    rows: torch.Tensor, state_index: torch.Tensor, max_states: int
+) -> list[torch.Tensor]:
+    """Split transition rows into chunks holding at most max_states distinct states,
+    never splitting the transitions of one state."""
+    states = state_index[rows]
+    unique = torch.unique(states)
+    chunks = []
+    for lo in range(0, unique.numel(), max_states):
+        keep = torch.isin(states, unique[lo : lo + max_states])
+        chunks.append(rows[keep])
+    return chunks

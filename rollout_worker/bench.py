@@ -1,0 +1,155 @@
+"""``g2rpo bench engine``: the batched tree engine against the official-order
+reference loop on one random FLUX-layout transformer, same seeds, one process."""
+
+from __future__ import annotations
+
+import platform
+import time
+from typing import Any
+
+import torch
+
+from ..common.flux import FluxVelocity, build_tiny_flux, count_parameters, tiny_flux_config
+from ..common.schedules import expected_g2rpo_nfe, sigma_schedule
+from .engine import RolloutEngine, RolloutResult, draw_noise
+from .plan import g2rpo_plan
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(engine, plan, cond, init, sde, mode, device) -> tuple[RolloutResult, float]:
+    _sync(device)
+    start = time.perf_counter()
+    result = engine.run(plan, cond, init, sde, mode)
+    _sync(device)
+    return result, time.perf_counter() - start
+
+
+def bench_engine(
+    *,
+    quick: bool = True,
+    device: str = "cpu",
+    size: str | None = None,
+    dtype: str | None = None,
+    latent_size: int = 8,
+    num_steps: int = 16,
+    group_size: int = 12,
+    sde_steps: list[int] | None = None,
+    granularities: list[int] | None = None,
+    terminal: str = "exact",
+    num_prompts: int | None = None,
+    max_batch: int = 256,
+    repeats: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Run both execution modes and return the comparison as a JSON-able dict."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda asked for, but torch sees no CUDA device")
+    size = size or ("gpu" if dev.type == "cuda" else "bench")
+    dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    sde_steps = list(range(8)) if sde_steps is None else sde_steps
+    granularities = [1, 2] if granularities is None else granularities
+    num_prompts = num_prompts or (1 if quick else 2)
+    repeats = repeats or (1 if quick else 3)
+
+    transformer = build_tiny_flux(size, seed=seed, dtype=torch_dtype).to(dev)
+    model = FluxVelocity(transformer, latent_size, latent_size)
+    cfg = tiny_flux_config(size)
+    tokens = (latent_size // 2) ** 2
+    gen = torch.Generator().manual_seed(seed)
+    cond = {
+        "encoder_hidden_states": torch.randn(
+            num_prompts, 8, cfg["joint_attention_dim"], generator=gen
+        ).to(dev),
+        "pooled_projections": torch.randn(
+            num_prompts, cfg["pooled_projection_dim"], generator=gen
+        ).to(dev),
+    }
+    plan = g2rpo_plan(
+        num_prompts, num_steps, group_size, sde_steps, granularities, terminal=terminal
+    )
+    init, sde = draw_noise(plan, (tokens, cfg["in_channels"]), gen)
+    init, sde = init.to(dev), sde.to(dev)
+    engine = RolloutEngine(
+        model, sigma_schedule(num_steps, 3.0), max_batch=max_batch, progress=progress
+    )
+
+    # Warm up both paths (allocator, kernels) on a one-prompt, one-step plan.
+    warm = g2rpo_plan(1, num_steps, 2, sde_steps[:1], granularities[:1], terminal=terminal)
+    w_init, w_sde = draw_noise(warm, (tokens, cfg["in_channels"]), gen)
+    w_cond = {k: c[:1] for k, c in cond.items()}
+    for mode in ("batched", "reference"):
+        engine.run(warm, w_cond, w_init.to(dev), w_sde.to(dev), mode)
+
+    batched_times, reference_times = [], []
+    for _ in range(repeats):
+        batched, tb = _timed(engine, plan, cond, init, sde, "batched", dev)
+        reference, tr = _timed(engine, plan, cond, init, sde, "reference", dev)
+        batched_times.append(tb)
+        reference_times.append(tr)
+    wall_b, wall_r = min(batched_times), min(reference_times)
+
+    latent_diff = (batched.leaf_latents - reference.leaf_latents).abs().max().item()
+    lp_diff = (
+        (batched.transitions.old_log_probs - reference.transitions.old_log_probs).abs().max().item()
+    )
+    return {
+        "parity_max_abs": max(latent_diff, lp_diff),
+        "parity_latent_max_abs": latent_diff,
+        "parity_log_prob_max_abs": lp_diff,
+        "nfe_batched": batched.nfe,
+        "nfe_expected": expected_g2rpo_nfe(
+            num_steps, group_size, sde_steps, granularities, terminal, num_prompts
+        ),
+        "nfe_unshared": expected_g2rpo_nfe(
+            num_steps,
+            group_size,
+            sde_steps,
+            granularities,
+            terminal,
+            num_prompts,
+            share_granularity_prefix=False,
+        ),
+        "nfe_reference": reference.nfe,
+        "model_calls_batched": batched.model_calls,
+        "model_calls_reference": reference.model_calls,
+        "wall_batched_s": round(wall_b, 4),
+        "wall_reference_s": round(wall_r, 4),
+        "speedup": round(wall_r / wall_b, 3),
+        "settings": {
+            "algorithm": "g2rpo",
+            "num_steps": num_steps,
+            "group_size": group_size,
+            "sde_steps": sde_steps,
+            "granularities": granularities,
+            "terminal": terminal,
+            "num_prompts": num_prompts,
+            "shift": 3.0,
+            "eta": plan.eta,
+            "max_batch": max_batch,
+            "repeats": repeats,
+            "seed": seed,
+            "quick": quick,
+            "device": str(dev),
+            "device_name": torch.cuda.get_device_name(dev)
+            if dev.type == "cuda"
+            else platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "model": {
+                "class": "FluxTransformer2DModel",
+                "preset": size,
+                "parameters": count_parameters(transformer),
+                "image_tokens": tokens,
+                "token_channels": cfg["in_channels"],
+                "text_tokens": 8,
+                "dtype": dtype,
+            },
+        },
+    }

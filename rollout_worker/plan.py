@@ -1,0 +1,348 @@
+"""Rollout plans: which trajectories an algorithm samples, as paths through the σ grid.
+
+A plan is a list of leaves; each leaf is one trajectory from an initial noise (its
+root) to σ=0, given as edges (target grid index, ODE or SDE with a noise row).
+Leaves that share a root and an edge prefix share that part of the trajectory, so
+the executor evaluates every distinct (prefix, σ) node once: the rollout is a tree.
+
+Builders here encode each algorithm's sampling scheme; they do no tensor work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from ..common.schedules import Terminal, completion_indices
+
+LeafKind = Literal["anchor", "branch", "sample"]
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One step to grid index ``to`` from the previous node's index."""
+
+    to: int
+    noise: int = -1  # row of the SDE noise table; -1 = deterministic (ODE) step
+    trained: bool = False  # the step's log-prob enters the loss
+    adv_slot: int = -1  # advantage used by this transition (when trained)
+    store: bool = False  # the official loop keeps this output (reference mode reuses it)
+
+    @property
+    def stochastic(self) -> bool:
+        return self.noise >= 0
+
+
+@dataclass(frozen=True)
+class Leaf:
+    root: int
+    prompt: int
+    edges: tuple[Edge, ...]
+    kind: LeafKind
+    coords: tuple[int, ...]  # anchor: (p,); branch: (p, k_idx, g_idx, j); sample: (p, j)
+
+
+@dataclass
+class RolloutPlan:
+    algorithm: str
+    num_steps: int
+    sde_type: Literal["flow", "dance"]
+    eta: float
+    num_prompts: int
+    group_size: int
+    root_prompt: list[int]  # prompt of each initial-noise row
+    num_noises: int
+    leaves: list[Leaf]
+    adv_shape: tuple[int, ...]  # advantages are a tensor of this shape, flattened into slots
+    sde_steps: list[int] = field(default_factory=list)
+    granularities: list[int] = field(default_factory=list)
+
+    @property
+    def num_roots(self) -> int:
+        return len(self.root_prompt)
+
+    def leaf_indices(self, kind: LeafKind) -> list[int]:
+        return [i for i, leaf in enumerate(self.leaves) if leaf.kind == kind]
+
+    def gather(self, per_leaf: torch.Tensor, kind: LeafKind) -> torch.Tensor:
+        """Arrange per-leaf values ([num_leaves, ...]) of one kind on their coordinate grid:
+        anchor → [P, ...], branch → [P, K, J, G, ...], sample → [P, G, ...]."""
+        idx = self.leaf_indices(kind)
+        if not idx:
+            raise ValueError(f"plan {self.algorithm!r} has no {kind} leaves")
+        shape = {
+            "anchor": (self.num_prompts,),
+            "branch": (
+                self.num_prompts,
+                len(self.sde_steps),
+                len(self.granularities),
+                self.group_size,
+            ),
+            "sample": (self.num_prompts, self.group_size),
+        }[kind]
+        out = per_leaf.new_zeros(shape + tuple(per_leaf.shape[1:]))
+        for i in idx:
+            out[self.leaves[i].coords] = per_leaf[i]
+        return out
+
+
+def _anchor_edges(num_steps: int, store: bool) -> tuple[Edge, ...]:
+    return tuple(Edge(to=t, store=store) for t in range(1, num_steps + 1))
+
+
+def g2rpo_plan(
+    num_prompts: int,
+    num_steps: int,
+    group_size: int,
+    sde_steps: list[int],
+    granularities: list[int],
+    *,
+    eta: float = 0.7,
+    terminal: Terminal = "exact",
+) -> RolloutPlan:
+    """Singular stochastic sampling with multi-granularity completion (G²RPO).
+
+    Per prompt: one ODE anchor from the shared noise; for each SDE step k and member
+    j one SDE step off anchor x_k (noise row per (p, k, j)), completed by ODE on each
+    granularity's grid. Leaves are listed in the official loop order (anchor, then
+    member → k → g) so that reference mode replays that order.
+    """
+    leaves: list[Leaf] = []
+    K = len(sde_steps)
+    anchor = _anchor_edges(num_steps, store=True)
+    for p in range(num_prompts):
+        leaves.append(Leaf(root=p, prompt=p, edges=anchor, kind="anchor", coords=(p,)))
+    completions = {
+        (k, g): completion_indices(k, g, num_steps, terminal)
+        for k in sde_steps
+        for g in granularities
+    }
+    for p in range(num_prompts):
+        for j in range(group_size):
+            for ki, k in enumerate(sde_steps):
+                slot = (p * K + ki) * group_size + j
+                sde = Edge(to=k + 1, noise=slot, trained=True, adv_slot=slot, store=True)
+                for gi, g in enumerate(granularities):
+                    rest = tuple(Edge(to=t) for t in completions[(k, g)][1:])
+                    leaves.append(
+                        Leaf(
+                            root=p,
+                            prompt=p,
+                            edges=(*anchor[:k], sde, *rest),
+                            kind="branch",
+                            coords=(p, ki, gi, j),
+                        )
+                    )
+    return RolloutPlan(
+        algorithm="g2rpo",
+        num_steps=num_steps,
+        sde_type="flow",
+        eta=eta,
+        num_prompts=num_prompts,
+        group_size=group_size,
+        root_prompt=list(range(num_prompts)),
+        num_noises=num_prompts * K * group_size,
+        leaves=leaves,
+        adv_shape=(num_prompts, K, group_size),
+        sde_steps=list(sde_steps),
+        granularities=list(granularities),
+    )
+
+
+def _member_plan(
+    algorithm: str,
+    num_prompts: int,
+    num_steps: int,
+    group_size: int,
+    *,
+    eta: float,
+    sde_type: Literal["flow", "dance"],
+    stochastic: list[list[bool]],
+    trained: list[list[bool]],
+    init_same_noise: bool,
+    eval_anchor: bool,
+) -> RolloutPlan:
+    """Baselines: G full trajectories per prompt, SDE where ``stochastic[j][t]``;
+    the terminal reward of member j is the advantage of each of its trained steps.
+    ``stochastic``/``trained`` are indexed [p·G + j][t]."""
+    leaves: list[Leaf] = []
+    root_prompt: list[int] = []
+    noise = 0
+    if init_same_noise:
+        root_prompt = list(range(num_prompts))
+    for p in range(num_prompts):
+        for j in range(group_size):
+            row = p * group_size + j
+            if init_same_noise:
+                root = p
+            else:
+                root = len(root_prompt)
+                root_prompt.append(p)
+            edges = []
+            for t in range(num_steps):
+                if stochastic[row][t]:
+                    edges.append(Edge(to=t + 1, noise=noise, trained=trained[row][t], adv_slot=row))
+                    noise += 1
+                else:
+                    edges.append(Edge(to=t + 1))
+            leaves.append(
+                Leaf(root=root, prompt=p, edges=tuple(edges), kind="sample", coords=(p, j))
+            )
+    if eval_anchor:
+        for p in range(num_prompts):
+            root = p if init_same_noise else root_prompt.index(p)
+            anchor = _anchor_edges(num_steps, store=False)
+            leaves.append(Leaf(root=root, prompt=p, edges=anchor, kind="anchor", coords=(p,)))
+    return RolloutPlan(
+        algorithm=algorithm,
+        num_steps=num_steps,
+        sde_type=sde_type,
+        eta=eta,
+        num_prompts=num_prompts,
+        group_size=group_size,
+        root_prompt=root_prompt,
+        num_noises=noise,
+        leaves=leaves,
+        adv_shape=(num_prompts, group_size),
+    )
+
+
+def dancegrpo_trained_steps(
+    num_steps: int, timestep_fraction: float, generator: torch.Generator
+) -> list[int]:
+    """DanceGRPO: a random permutation of steps 0..T−2 (the last is never trained),
+    of which the first ⌊(T−1)·f⌋ are trained."""
+    perm = torch.randperm(num_steps - 1, generator=generator).tolist()
+    return sorted(perm[: int((num_steps - 1) * timestep_fraction)])
+
+
+def dancegrpo_plan(
+    num_prompts: int,
+    num_steps: int,
+    group_size: int,
+    *,
+    eta: float = 0.3,
+    timestep_fraction: float = 0.6,
+    generator: torch.Generator,
+    eval_anchor: bool = True,
+) -> RolloutPlan:
+    """DanceGRPO: SDE (g ≡ η) at every step from one shared noise per prompt; each
+    member trains its own random subset of steps."""
+    rows = num_prompts * group_size
+    trained = []
+    for _ in range(rows):
+        steps = set(dancegrpo_trained_steps(num_steps, timestep_fraction, generator))
+        trained.append([t in steps for t in range(num_steps)])
+    return _member_plan(
+        "dancegrpo",
+        num_prompts,
+        num_steps,
+        group_size,
+        eta=eta,
+        sde_type="dance",
+        stochastic=[[True] * num_steps for _ in range(rows)],
+        trained=trained,
+        init_same_noise=True,
+        eval_anchor=eval_anchor,
+    )
+
+
+def flowgrpo_plan(
+    num_prompts: int,
+    num_steps: int,
+    group_size: int,
+    *,
+    eta: float = 0.7,
+    train_fraction: float = 0.99,
+    init_same_noise: bool = False,
+    eval_anchor: bool = True,
+) -> RolloutPlan:
+    """Flow-GRPO: Flow-GRPO SDE at every step; the first int(T·f) steps are trained
+    (f = 0.99 keeps the near-singular last step out)."""
+    n_train = min(int(num_steps * train_fraction), num_steps - 1)
+    rows = num_prompts * group_size
+    return _member_plan(
+        "flowgrpo",
+        num_prompts,
+        num_steps,
+        group_size,
+        eta=eta,
+        sde_type="flow",
+        stochastic=[[True] * num_steps for _ in range(rows)],
+        trained=[[t < n_train for t in range(num_steps)] for _ in range(rows)],
+        init_same_noise=init_same_noise,
+        eval_anchor=eval_anchor,
+    )
+
+
+def mixgrpo_window(
+    iteration: int, num_steps: int, window_size: int, shift_every: int, stride: int, roll_back: bool
+) -> tuple[int, int]:
+    """MixGRPO's progressive window [start, end): start advances by ``stride`` every
+    ``shift_every`` iterations and rolls back to 0 once it passes T−2; steps past
+    T−2 are never stochastic (max_timesteps = T−2)."""
+    last = num_steps - 2
+    start = (iteration // shift_every) * stride
+    if start > last:
+        start = start % (last + 1) if roll_back else last
+    return start, min(start + window_size, last + 1)
+
+
+def mixgrpo_plan(
+    num_prompts: int,
+    num_steps: int,
+    group_size: int,
+    *,
+    window: tuple[int, int],
+    eta: float = 0.7,
+    eval_anchor: bool = True,
+) -> RolloutPlan:
+    """MixGRPO: ODE outside the window, Flow-GRPO SDE inside it, every window step
+    trained. Members share the initial noise, so the ODE prefix before the window is
+    one shared trunk."""
+    start, end = window
+    if not 0 <= start < end <= num_steps - 1:
+        raise ValueError(f"window {window} must lie within [0, T-1={num_steps - 1}]")
+    rows = num_prompts * group_size
+    inside = [start <= t < end for t in range(num_steps)]
+    return _member_plan(
+        "mixgrpo",
+        num_prompts,
+        num_steps,
+        group_size,
+        eta=eta,
+        sde_type="flow",
+        stochastic=[list(inside) for _ in range(rows)],
+        trained=[list(inside) for _ in range(rows)],
+        init_same_noise=True,
+        eval_anchor=eval_anchor,
+    )
+
+
+def plan_for(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan:
+    """The rollout plan of ``cfg.algorithm`` at a given iteration (cfg: G2RPOConfig)."""
+    s, algo = cfg.sampling, cfg.algorithm
+    P, T, G = s.prompts_per_worker, s.num_steps, s.group_size
+    if algo.name == "g2rpo":
+        return g2rpo_plan(P, T, G, s.sde_steps, s.granularities, eta=s.eta, terminal=s.terminal)
+    if algo.name == "dancegrpo":
+        return dancegrpo_plan(
+            P,
+            T,
+            G,
+            eta=s.eta,
+            timestep_fraction=algo.dancegrpo.timestep_fraction,
+            generator=generator,
+        )
+    if algo.name == "flowgrpo":
+        o = algo.flowgrpo
+        return flowgrpo_plan(
+            P, T, G, eta=s.eta, train_fraction=o.train_fraction, init_same_noise=o.init_same_noise
+        )
+    if algo.name == "mixgrpo":
+        o = algo.mixgrpo
+        window = mixgrpo_window(iteration, T, o.window_size, o.shift_every, o.stride, o.roll_back)
+        return mixgrpo_plan(P, T, G, window=window, eta=s.eta)
+    raise ValueError(f"unknown algorithm {algo.name!r}")
