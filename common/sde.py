@@ -99,8 +99,11 @@ def gaussian_log_prob(sample: torch.Tensor, mean: torch.Tensor, std: torch.Tenso
         raise ValueError("log-prob of a deterministic step (std=0) is undefined")
     var2 = _per_sample(2.0 * std * std, sample)
     sq = -((sample.detach() - mean) ** 2) / var2
-    const = (-torch.log(std) - _HALF_LOG_2PI).to(device=sample.device, dtype=sample.dtype)
-    return sq.flatten(1).mean(dim=1) + const
+    const = (-torch.log(std) - _HALF_LOG_2PI).to(sample.device)
+    # Reduce in float64 and round once: a float32 reduction's order depends on the
+    # batch size, which would make rollout and learner log-probs differ in the last
+    # bit and the PPO ratio miss exactly 1.
+    return (sq.to(torch.float64).flatten(1).mean(dim=1) + const).to(sample.dtype)
 
 
 def sde_step(

@@ -132,7 +132,7 @@ class RolloutEngine:
         to_idx = torch.tensor([e.to for e in edges])
         noise_rows = torch.tensor([e.noise for e in edges])
         stochastic = noise_rows >= 0
-        eta = torch.where(stochastic, plan.eta, 0.0).to(torch.float64)
+        eta = stochastic.to(torch.float64) * plan.eta  # float64: η must not round to fp32
         coefs = step_coefficients(
             self.sigmas[from_idx], self.sigmas[to_idx], eta, plan.sde_type, float(self.sigmas[1])
         )
