@@ -109,7 +109,14 @@ class OptimConfig(_Strict):
     clip_range: float = Field(1e-4, gt=0, description="PPO ratio clip ε")
     adv_clip: float = Field(5.0, gt=0, description="advantage clamp after fusion")
     max_grad_norm: float = Field(1.0, gt=0)
-    step_mode: Literal["per_sde_step", "accumulate"] = "per_sde_step"
+    step_mode: Literal["per_sde_step", "accumulate", "per_samples"] = Field(
+        "per_sde_step",
+        description="optimizer step after each SDE step, once per iteration, "
+        "or every samples_per_step samples",
+    )
+    samples_per_step: int = Field(
+        4, ge=1, description="per_samples: samples per optimizer step (all workers together)"
+    )
     adv_eps: float = Field(1e-8, gt=0)
     adv_spread_tol: float = Field(
         1e-7, ge=0, description="groups spreading less get zero advantage"

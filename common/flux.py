@@ -46,7 +46,10 @@ class FluxVelocity:
     """Adapts a FluxTransformer2DModel to the engine's VelocityModel protocol.
 
     cond must hold ``encoder_hidden_states`` [B, S, D] and ``pooled_projections`` [B, D].
-    The network runs in its own dtype (bf16 on GPU); inputs and outputs cross in fp32.
+    Inputs stay float32 and a low-precision network runs under autocast, as the
+    official code does (fp32 master weights, bf16 autocast). Note that diffusers
+    casts the timestep to the activations' dtype before scaling it by 1000, so in
+    bf16 FLUX sees 976 for 0.978, in the official code as here.
     """
 
     def __init__(
@@ -55,40 +58,47 @@ class FluxVelocity:
         latent_height: int,
         latent_width: int,
         guidance: float | None = 3.5,
+        autocast_dtype: torch.dtype | None = None,
     ) -> None:
         self.transformer = transformer
         self.img_ids = latent_image_ids(latent_height, latent_width)
         self.guidance = guidance
+        self.autocast_dtype = autocast_dtype
         self.calls = 0
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.transformer.parameters()).dtype
 
     @property
     def device(self) -> torch.device:
         return next(self.transformer.parameters()).device
 
+    def _compute_dtype(self) -> torch.dtype | None:
+        if self.autocast_dtype is not None:
+            return self.autocast_dtype
+        param_dtype = next(self.transformer.parameters()).dtype
+        return None if param_dtype == torch.float32 else param_dtype
+
     def __call__(
         self, x: torch.Tensor, timestep: torch.Tensor, cond: Mapping[str, torch.Tensor]
     ) -> torch.Tensor:
-        dtype, device = self.dtype, self.device
-        text = cond["encoder_hidden_states"].to(device, dtype)
+        device = self.device
+        f32 = torch.float32
+        text = cond["encoder_hidden_states"].to(device, f32)
         guidance = None
         if getattr(self.transformer.config, "guidance_embeds", False):
             guidance = torch.full((x.shape[0],), float(self.guidance or 0.0), device=device)
+        compute = self._compute_dtype()
         self.calls += 1
-        out = self.transformer(
-            hidden_states=x.to(device, dtype),
-            encoder_hidden_states=text,
-            pooled_projections=cond["pooled_projections"].to(device, dtype),
-            timestep=timestep.to(device, dtype),
-            img_ids=self.img_ids.to(device, dtype),
-            txt_ids=torch.zeros(text.shape[1], 3, device=device, dtype=dtype),
-            guidance=guidance,
-            return_dict=False,
-        )[0]
-        return out.to(torch.float32)
+        with torch.autocast(device.type, dtype=compute or f32, enabled=compute is not None):
+            out = self.transformer(
+                hidden_states=x.to(device, f32),
+                encoder_hidden_states=text,
+                pooled_projections=cond["pooled_projections"].to(device, f32),
+                timestep=timestep.to(device, f32),
+                img_ids=self.img_ids.to(device, f32),
+                txt_ids=torch.zeros(text.shape[1], 3, device=device, dtype=f32),
+                guidance=guidance,
+                return_dict=False,
+            )[0]
+        return out.to(f32)
 
 
 def tiny_flux_config(size: str = "bench") -> dict[str, Any]:

@@ -6,6 +6,7 @@ learner, reference loop) derives bit-identical per-step coefficients.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -34,14 +35,38 @@ def sigma_schedule(num_steps: int, shift: float = 3.0) -> torch.Tensor:
 
 
 def model_timestep(sigma: torch.Tensor, quantize: bool = True) -> torch.Tensor:
-    """Timestep fed to the transformer: floor(1000·σ)/1000 as the official code does.
-
-    The SDE/ODE math keeps using the exact σ; only the network input is quantised.
-    """
-    sigma = torch.as_tensor(sigma, dtype=torch.float64)
+    """Timestep fed to the transformer: floor(1000·σ)/1000 in float32, as the official
+    code computes it on its float32 grid. The SDE/ODE math keeps the exact σ."""
+    sigma = torch.as_tensor(sigma).to(torch.float32)
     if not quantize:
         return sigma
     return torch.floor(sigma * 1000.0) / 1000.0
+
+
+@dataclass(frozen=True)
+class SamplingGrid:
+    """The σ grid (float64, for the step math) and the network's timesteps (float32)."""
+
+    sigmas: torch.Tensor
+    timesteps: torch.Tensor
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.sigmas.shape[0]) - 1
+
+    @property
+    def sigma_1(self) -> float:
+        """Second grid value: the Flow-GRPO std's guard at σ=1 uses 1−σ₁."""
+        return float(self.sigmas[1])
+
+
+def sampling_grid(num_steps: int, shift: float = 3.0, quantize: bool = True) -> SamplingGrid:
+    """σ in float64 and the timesteps the official code feeds: the same shifted grid
+    built in float32, floored to 1/1000 (the two differ at ties such as T=12, σ=0.6)."""
+    sigmas = sigma_schedule(num_steps, shift)
+    grid32 = time_shift(torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float32), shift)
+    timesteps = model_timestep(grid32, quantize) if quantize else sigmas.to(torch.float32)
+    return SamplingGrid(sigmas=sigmas, timesteps=timesteps)
 
 
 def completion_indices(

@@ -91,7 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     eng.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     eng.add_argument(
-        "--latent-size", type=int, default=8, help="latent height=width; tokens = (size/2)^2"
+        "--latent-size",
+        type=int,
+        default=None,
+        help="latent height=width; tokens = (size/2)^2 (default 8 on cpu, 64 on cuda)",
     )
     eng.add_argument("--steps", type=int, default=16)
     eng.add_argument("--group-size", type=int, default=12)

@@ -36,18 +36,26 @@ def plan_advantages(
         adv = fuse_g2rpo_advantages(
             grids, weights, adv_clip=opt.adv_clip, eps=opt.adv_eps, spread_tol=opt.adv_spread_tol
         )
-    else:
-        grids = {n: plan.gather(r, "sample") for n, r in leaf_rewards.items()}
-        flow = plan.algorithm == "flowgrpo"
+    elif plan.algorithm == "flowgrpo":
+        # Flow-GRPO sums the weighted rewards first, then normalises once with the
+        # population std + 1e-4 (per prompt, or over every group of the iteration).
+        total = sum(weights[n] * plan.gather(r, "sample").double() for n, r in leaf_rewards.items())
         adv = fuse_terminal_advantages(
-            grids,
-            weights,
+            {"reward": total},
+            {"reward": 1.0},
             adv_clip=opt.adv_clip,
-            # Flow-GRPO: population std + 1e-4; DanceGRPO/MixGRPO: unbiased + 1e-8.
-            unbiased=not flow,
-            eps=1e-4 if flow else opt.adv_eps,
+            unbiased=False,
+            eps=1e-4,
             spread_tol=opt.adv_spread_tol,
-            global_std=flow and cfg.algorithm.flowgrpo.adv_std == "global",
+            global_std=cfg.algorithm.flowgrpo.adv_std == "global",
+        )
+    else:
+        if plan.algorithm == "mixgrpo":  # MixGRPO normalises the weights to sum to 1
+            norm = sum(weights[n] for n in leaf_rewards)
+            weights = {n: weights[n] / norm for n in leaf_rewards}
+        grids = {n: plan.gather(r, "sample") for n, r in leaf_rewards.items()}
+        adv = fuse_terminal_advantages(
+            grids, weights, adv_clip=opt.adv_clip, eps=opt.adv_eps, spread_tol=opt.adv_spread_tol
         )
     if tuple(adv.shape) != plan.adv_shape:
         raise AssertionError(f"advantages {tuple(adv.shape)} != plan {plan.adv_shape}")

@@ -3,9 +3,14 @@
 For each trained step t the policy's velocity is recomputed at the stored states
 (one forward per distinct state: in G²RPO one per (prompt, k), shared by the G
 members), the step's Gaussian log-prob of each stored x_{t+1} is re-evaluated,
-and the PPO-clip loss is minimised. The optimizer steps after every SDE step (the
-official G²RPO HPS script) or once per iteration with the per-step losses
-averaged (its accumulate variant).
+and the PPO-clip loss is minimised. Optimizer steps:
+
+* ``per_sde_step``: after each SDE step's transitions, loss = their mean (the
+  official G²RPO HPS script: K steps per iteration);
+* ``accumulate``: once per iteration, every transition weighted equally (G²RPO's
+  other published version, Σ_k mean_k / K; Flow-GRPO-style accumulation);
+* ``per_samples``: after every ``samples_per_step`` samples, every (sample, step)
+  weighted equally (DanceGRPO/MixGRPO's gradient accumulation over samples).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Literal
 import torch
 
 from ..common.ppo import kl_to_reference, ppo_clip_loss
-from ..common.schedules import model_timestep
+from ..common.schedules import SamplingGrid
 from ..common.sde import (
     SDEType,
     diffusion_coefficient,
@@ -27,17 +32,16 @@ from ..common.sde import (
 )
 from ..rollout_worker.engine import Transitions, VelocityModel
 
-StepMode = Literal["per_sde_step", "accumulate"]
+StepMode = Literal["per_sde_step", "accumulate", "per_samples"]
 
 
 @dataclass(frozen=True)
 class StepSpec:
     """What the learner must know of the sampler to recompute a step's density."""
 
-    sigmas: torch.Tensor  # float64 [T+1]
+    grid: SamplingGrid
     eta: float
     sde_type: SDEType
-    quantize_timestep: bool = True
 
 
 @dataclass
@@ -73,16 +77,17 @@ def recompute_log_probs(
     x = transitions.states[unique_states]
     device = x.device
     steps = transitions.state_step[unique_states]
-    timestep = model_timestep(spec.sigmas[steps], spec.quantize_timestep).to(torch.float32)
+    sigmas = spec.grid.sigmas
+    timestep = spec.grid.timesteps[steps]
     prompts = transitions.state_prompt[unique_states].to(device)
     v = model(x, timestep.to(device), {k: c.index_select(0, prompts) for k, c in cond.items()})
     inverse = inverse.to(device)
-    sigma = spec.sigmas[transitions.state_step[state_of_row]]
-    sigma_next = spec.sigmas[transitions.next_step[rows]]
-    coefs = step_coefficients(sigma, sigma_next, spec.eta, spec.sde_type, float(spec.sigmas[1]))
+    sigma = sigmas[transitions.state_step[state_of_row]]
+    sigma_next = sigmas[transitions.next_step[rows]]
+    coefs = step_coefficients(sigma, sigma_next, spec.eta, spec.sde_type, spec.grid.sigma_1)
     mean = transition_mean(x[inverse].to(torch.float32), v[inverse].to(torch.float32), coefs)
     log_prob = gaussian_log_prob(transitions.next_samples[rows].to(device), mean, coefs.std)
-    g = diffusion_coefficient(sigma, spec.eta, spec.sde_type, float(spec.sigmas[1]))
+    g = diffusion_coefficient(sigma, spec.eta, spec.sde_type, spec.grid.sigma_1)
     return log_prob, mean, g
 
 
@@ -98,6 +103,7 @@ def grpo_update(
     clip_range: float,
     max_grad_norm: float,
     step_mode: StepMode = "per_sde_step",
+    samples_per_step: int = 1,
     max_batch: int = 64,
     reference_model: VelocityModel | None = None,
     kl_beta: float = 0.0,
@@ -106,20 +112,18 @@ def grpo_update(
     tensor; transition i uses advantages[transitions.adv_slot[i]]."""
     if len(transitions) == 0:
         raise ValueError("no trained transitions in this rollout")
-    if step_mode not in ("per_sde_step", "accumulate"):
-        raise ValueError(f"step_mode must be 'per_sde_step' or 'accumulate', got {step_mode!r}")
+    if samples_per_step < 1:
+        raise ValueError(f"samples_per_step must be >= 1, got {samples_per_step}")
     if kl_beta > 0 and reference_model is None:
         raise ValueError("kl_beta > 0 needs a reference_model")
     params = list(parameters)
     adv = advantages.reshape(-1)[transitions.adv_slot]
-    step_of_row = transitions.state_step[transitions.state_index]
-    groups = [torch.nonzero(step_of_row == t).flatten() for t in torch.unique(step_of_row)]
+    groups = _optimizer_groups(transitions, step_mode, samples_per_step)
 
     ratios, clipped, norms = [], [], []
     total_loss = total_kl = 0.0
     optimizer.zero_grad(set_to_none=True)
-    for gi, group in enumerate(groups):
-        group_weight = 1.0 if step_mode == "per_sde_step" else 1.0 / len(groups)
+    for group in groups:
         # Chunk by distinct states so memory stays bounded; losses are weighted so
         # that the gradient equals the group mean.
         for chunk in _chunks_by_state(group, transitions.state_index, max_batch):
@@ -140,16 +144,14 @@ def grpo_update(
                 kl = kl_to_reference(mean, ref_mean, g.to(mean.device)).mean()
                 loss = loss + kl_beta * kl
                 total_kl += float(kl.detach()) * frac / len(groups)
-            (loss * frac * group_weight).backward()
+            (loss * frac).backward()
             total_loss += float(loss.detach()) * frac / len(groups)
             ratios.append(stats.ratio.float().cpu())
             clipped.append(stats.clipped.cpu())
-        last = gi == len(groups) - 1
-        if step_mode == "per_sde_step" or last:
-            norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-            norms.append(float(norm))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        norms.append(float(norm))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
     ratio = torch.cat(ratios)
     return UpdateStats(
@@ -163,6 +165,27 @@ def grpo_update(
         optimizer_steps=len(norms),
         kl=total_kl,
         transitions=len(transitions),
+    )
+
+
+def _optimizer_groups(
+    transitions: Transitions, step_mode: StepMode, samples_per_step: int
+) -> list[torch.Tensor]:
+    """Transition rows of each optimizer step; the loss of a step is their mean."""
+    rows = torch.arange(len(transitions))
+    if step_mode == "accumulate":
+        return [rows]
+    if step_mode == "per_sde_step":
+        step_of_row = transitions.state_step[transitions.state_index]
+        return [rows[step_of_row == t] for t in torch.unique(step_of_row)]
+    if step_mode == "per_samples":
+        samples = torch.unique(transitions.adv_slot)
+        return [
+            rows[torch.isin(transitions.adv_slot, samples[lo : lo + samples_per_step])]
+            for lo in range(0, samples.numel(), samples_per_step)
+        ]
+    raise ValueError(
+        f"step_mode must be 'per_sde_step', 'accumulate' or 'per_samples', got {step_mode!r}"
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..common.flux import FluxVelocity, build_tiny_flux, count_parameters, tiny_flux_config
-from ..common.schedules import expected_g2rpo_nfe, sigma_schedule
+from ..common.schedules import expected_g2rpo_nfe, sampling_grid
 from .engine import RolloutEngine, RolloutResult, draw_noise
 from .plan import g2rpo_plan
 
@@ -34,7 +34,7 @@ def bench_engine(
     device: str = "cpu",
     size: str | None = None,
     dtype: str | None = None,
-    latent_size: int = 8,
+    latent_size: int | None = None,
     num_steps: int = 16,
     group_size: int = 12,
     sde_steps: list[int] | None = None,
@@ -56,6 +56,10 @@ def bench_engine(
     sde_steps = list(range(8)) if sde_steps is None else sde_steps
     granularities = [1, 2] if granularities is None else granularities
     num_prompts = num_prompts or (1 if quick else 2)
+    # 16 image tokens on CPU (the tiny world's size); 1024 (a 512² FLUX image) on GPU.
+    latent_size = latent_size or (64 if dev.type == "cuda" else 8)
+    if latent_size < 2 or latent_size % 2:
+        raise ValueError(f"--latent-size must be an even number >= 2, got {latent_size}")
     repeats = repeats or (1 if quick else 3)
 
     transformer = build_tiny_flux(size, seed=seed, dtype=torch_dtype).to(dev)
@@ -77,7 +81,7 @@ def bench_engine(
     init, sde = draw_noise(plan, (tokens, cfg["in_channels"]), gen)
     init, sde = init.to(dev), sde.to(dev)
     engine = RolloutEngine(
-        model, sigma_schedule(num_steps, 3.0), max_batch=max_batch, progress=progress
+        model, sampling_grid(num_steps, 3.0), max_batch=max_batch, progress=progress
     )
 
     # Warm up both paths (allocator, kernels) on a one-prompt, one-step plan.

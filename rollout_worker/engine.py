@@ -18,7 +18,7 @@ from typing import Literal, Protocol
 import torch
 from tqdm.auto import tqdm
 
-from ..common.schedules import model_timestep
+from ..common.schedules import SamplingGrid
 from ..common.sde import gaussian_log_prob, step_coefficients, transition_mean
 from .plan import Edge, RolloutPlan
 
@@ -87,17 +87,16 @@ class RolloutEngine:
     def __init__(
         self,
         model: VelocityModel,
-        sigmas: torch.Tensor,
+        grid: SamplingGrid,
         *,
         max_batch: int = 256,
-        quantize_timestep: bool = True,
         progress: bool = False,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model = model
-        self.sigmas = sigmas.to(torch.float64).cpu()
-        self.timesteps = model_timestep(self.sigmas, quantize_timestep).to(torch.float32)
+        self.sigmas = grid.sigmas.to(torch.float64).cpu()
+        self.timesteps = grid.timesteps.to(torch.float32).cpu()
         self.max_batch = max_batch
         self.progress = progress
         self.total_nfe = 0
@@ -142,7 +141,8 @@ class RolloutEngine:
         if bool(stochastic.any()):
             rows = torch.nonzero(stochastic).flatten()
             rows_dev = rows.to(x.device)
-            eps = sde_noise.index_select(0, noise_rows[rows]).to(x.device, torch.float32)
+            eps = sde_noise.index_select(0, noise_rows[rows].to(sde_noise.device))
+            eps = eps.to(x.device, torch.float32)
             std = coefs.std[rows]
             drawn = (
                 mean[rows_dev]

@@ -280,13 +280,20 @@ def flowgrpo_plan(
 def mixgrpo_window(
     iteration: int, num_steps: int, window_size: int, shift_every: int, stride: int, roll_back: bool
 ) -> tuple[int, int]:
-    """MixGRPO's progressive window [start, end): start advances by ``stride`` every
-    ``shift_every`` iterations and rolls back to 0 once it passes T−2; steps past
-    T−2 are never stochastic (max_timesteps = T−2)."""
-    last = num_steps - 2
-    start = (iteration // shift_every) * stride
-    if start > last:
-        start = start % (last + 1) if roll_back else last
+    """MixGRPO's progressive window [start, end) as its GRPOTrainingStates moves it:
+    steps range(s, min(s+W, T−2)), so the last stochastic step is T−3; s advances by
+    ``stride`` every ``shift_every`` iterations and, once past T−3, restarts at 0
+    (``roll_back``) or stays at T−3."""
+    last = num_steps - 3
+    if last < 0:
+        raise ValueError(f"MixGRPO needs num_steps >= 3, got {num_steps}")
+    moves = iteration // shift_every
+    if stride == 0:
+        start = 0
+    elif roll_back:
+        start = (moves % (last // stride + 1)) * stride
+    else:
+        start = min(moves * stride, last)
     return start, min(start + window_size, last + 1)
 
 

@@ -3,7 +3,7 @@ import itertools
 import pytest
 import torch
 from conftest import ElementwiseVelocity, flux_cond, toy_cond
-from g2rpo.common.schedules import completion_indices, expected_g2rpo_nfe, sigma_schedule
+from g2rpo.common.schedules import completion_indices, expected_g2rpo_nfe, sampling_grid
 from g2rpo.common.sde import sde_step
 from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
 from g2rpo.rollout_worker.plan import g2rpo_plan
@@ -14,7 +14,7 @@ SHAPE = (4, 3)
 def _run(model, plan, cond, execution="batched", max_batch=256, seed=0, shape=SHAPE):
     T = plan.num_steps
     init, sde = draw_noise(plan, shape, torch.Generator().manual_seed(seed))
-    engine = RolloutEngine(model, sigma_schedule(T, 3.0), max_batch=max_batch)
+    engine = RolloutEngine(model, sampling_grid(T, 3.0), max_batch=max_batch)
     return engine.run(plan, cond, init, sde, execution), init, sde
 
 
@@ -63,12 +63,11 @@ def test_batched_matches_reference_on_flux_transformer(tiny_flux):
     assert b.nfe == expected_g2rpo_nfe(8, 4, [0, 1, 2, 3], [1, 2], "exact", 2)
 
 
-def _euler_path(model, x, cond_row, indices, sigmas):
+def _euler_path(model, x, cond_row, indices, grid):
     """Independent sequential integration along grid indices (one sample)."""
-    from g2rpo.common.schedules import model_timestep
-
+    sigmas = grid.sigmas
     for a, b in itertools.pairwise(indices):
-        t = model_timestep(sigmas[a]).float().reshape(1)
+        t = grid.timesteps[a].reshape(1)
         v = model(x[None], t, {k: c[None] for k, c in cond_row.items()})[0]
         x = x + (sigmas[b] - sigmas[a]).float() * v
     return x
@@ -77,14 +76,15 @@ def _euler_path(model, x, cond_row, indices, sigmas):
 def test_anchor_and_branches_follow_their_schedules():
     T, G, ks, grans = 12, 3, [0, 3, 7], [1, 2, 3]
     model = ElementwiseVelocity(SHAPE)
-    sig = sigma_schedule(T, 3.0)
+    grid = sampling_grid(T, 3.0)
+    sig = grid.sigmas
     plan = g2rpo_plan(1, T, G, ks, grans, terminal="reference")
     cond = toy_cond(1)
     result, init, sde = _run(model, plan, cond)
     c0 = {k: c[0] for k, c in cond.items()}
     anchor = [init[0]]
     for i in range(T):
-        anchor.append(_euler_path(model, anchor[-1], c0, [i, i + 1], sig))
+        anchor.append(_euler_path(model, anchor[-1], c0, [i, i + 1], grid))
     assert torch.equal(result.anchor_latents()[0], anchor[-1])
     # every group shares the anchor state x_k (one forward per (prompt, k) in the learner)
     tr = result.transitions
@@ -97,7 +97,7 @@ def test_anchor_and_branches_follow_their_schedules():
         for j in range(G):
             slot = ki * G + j
             ti = int(torch.nonzero(tr.adv_slot == slot))
-            t = torch.tensor([float(torch.floor(sig[k] * 1000) / 1000)])
+            t = grid.timesteps[k].reshape(1)
             v = model(anchor[k][None], t, cond)[0]
             step = sde_step(
                 anchor[k][None],
@@ -112,14 +112,13 @@ def test_anchor_and_branches_follow_their_schedules():
             assert torch.equal(tr.old_log_probs[ti], step.log_prob[0])
             for gi, g in enumerate(grans):
                 nodes = completion_indices(k, g, T, "reference")
-                expect = _euler_path(model, step.sample[0], c0, nodes, sig)
+                expect = _euler_path(model, step.sample[0], c0, nodes, grid)
                 assert torch.allclose(branches[0, ki, gi, j], expect, atol=1e-6)
 
 
 def test_reference_terminal_returns_x0_prediction_of_last_evaluated_node():
     T = 16
     model = ElementwiseVelocity(SHAPE)
-    sig = sigma_schedule(T, 3.0)
     plan = g2rpo_plan(1, T, 2, [1], [2], terminal="reference")
     result, _, _ = _run(model, plan, toy_cond(1))
     ex_plan = g2rpo_plan(1, T, 2, [1], [2], terminal="exact")
@@ -131,13 +130,12 @@ def test_reference_terminal_returns_x0_prediction_of_last_evaluated_node():
     assert exact.nfe == result.nfe + 2  # one more evaluation (σ15) per member
     # the reference leaf equals x13 − σ13·v(x13) computed by hand from the exact run's path
     assert completion_indices(1, 2, T, "reference")[-2:] == [13, 16]
-    del sig
 
 
 def test_noise_tables_are_required_to_fit():
     model = ElementwiseVelocity(SHAPE)
     plan = g2rpo_plan(1, 6, 2, [0], [1])
-    engine = RolloutEngine(model, sigma_schedule(6))
+    engine = RolloutEngine(model, sampling_grid(6))
     init, sde = draw_noise(plan, SHAPE, torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="init_noise"):
         engine.run(plan, toy_cond(1), init[:0], sde)

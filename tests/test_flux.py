@@ -45,3 +45,18 @@ def test_bench_preset_is_big_enough():
     assert count_parameters(build_tiny_flux("bench")) >= 1_000_000
     with pytest.raises(ValueError, match="unknown"):
         build_tiny_flux("huge")
+
+
+def test_bf16_network_runs_under_autocast_with_fp32_inputs():
+    """As the official code (fp32 inputs, bf16 autocast): the network gets fp32 latents
+    and timesteps; diffusers then rounds the timestep to the activations' dtype itself."""
+    from g2rpo.common.flux import FluxVelocity
+
+    model = build_tiny_flux("test", dtype=torch.bfloat16)
+    seen = []
+    model.x_embedder.register_forward_pre_hook(lambda mod, args: seen.append(args[0].dtype))
+    vel = FluxVelocity(model, 4, 4)
+    with torch.no_grad():
+        out = vel(torch.randn(2, 4, 64), torch.tensor([0.978, 0.409]), flux_cond(2))
+    assert seen == [torch.float32]
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import ElementwiseVelocity, flux_cond, toy_cond
 from g2rpo.common.config import load_config
-from g2rpo.common.schedules import sigma_schedule
+from g2rpo.common.schedules import sampling_grid
 from g2rpo.learner.advantages import plan_advantages
 from g2rpo.learner.grpo import StepSpec, grpo_update, recompute_log_probs
 from g2rpo.rollout_worker.engine import RolloutEngine, Transitions, draw_noise
@@ -31,12 +31,12 @@ def _rollout(model, P=2, G=4, ks=(0, 1, 2), grans=(1, 2), seed=0, shape=SHAPE, c
     init, sde = draw_noise(plan, shape, torch.Generator().manual_seed(seed))
     cond = toy_cond(P) if cond is None else cond
     with torch.no_grad():
-        result = RolloutEngine(model, sigma_schedule(T)).run(plan, cond, init, sde)
+        result = RolloutEngine(model, sampling_grid(T)).run(plan, cond, init, sde)
     return plan, result, cond
 
 
 def _spec():
-    return StepSpec(sigmas=sigma_schedule(T), eta=0.7, sde_type="flow")
+    return StepSpec(grid=sampling_grid(T), eta=0.7, sde_type="flow")
 
 
 def _advantages(plan, result, seed=0):
@@ -46,24 +46,19 @@ def _advantages(plan, result, seed=0):
     return plan_advantages(plan, {"r": leaf_r}, cfg)
 
 
+def _update(model, opt, result, adv, cond, **kw):
+    kw = {"clip_range": 1e-4, "max_grad_norm": 1.0, "step_mode": "accumulate", **kw}
+    params = list(model.parameters())
+    return grpo_update(model, params, opt, result.transitions, adv, cond, _spec(), **kw)
+
+
 @pytest.mark.parametrize("mode", ["accumulate", "per_sde_step"])
 def test_ratio_is_exactly_one_before_any_update(mode):
     model = ElementwiseVelocity(SHAPE)
     plan, result, cond = _rollout(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if mode == "accumulate":
-        stats = grpo_update(
-            model,
-            list(model.parameters()),
-            opt,
-            result.transitions,
-            _advantages(plan, result),
-            cond,
-            _spec(),
-            clip_range=1e-4,
-            max_grad_norm=1.0,
-            step_mode=mode,
-        )
+        stats = _update(model, opt, result, _advantages(plan, result), cond, step_mode=mode)
         assert stats.ratio_min == stats.ratio_max == 1.0
         assert stats.clip_fraction == 0.0 and stats.optimizer_steps == 1
     else:
@@ -88,37 +83,50 @@ def test_optimizer_steps_and_accumulated_gradient_is_mean_of_per_step():
     plan, result, cond = _rollout(model, ks=(0, 2, 5))
     adv = _advantages(plan, result)
     per = RecordingSGD(model.parameters(), lr=0.0)
-    s1 = grpo_update(
-        model,
-        list(model.parameters()),
-        per,
-        result.transitions,
-        adv,
-        cond,
-        _spec(),
-        clip_range=1e-4,
-        max_grad_norm=1e9,
-        step_mode="per_sde_step",
-    )
+    s1 = _update(model, per, result, adv, cond, max_grad_norm=1e9, step_mode="per_sde_step")
     acc = RecordingSGD(model.parameters(), lr=0.0)
-    s2 = grpo_update(
-        model,
-        list(model.parameters()),
-        acc,
-        result.transitions,
-        adv,
-        cond,
-        _spec(),
-        clip_range=1e-4,
-        max_grad_norm=1e9,
-        step_mode="accumulate",
-    )
+    s2 = _update(model, acc, result, adv, cond, max_grad_norm=1e9)
     assert s1.optimizer_steps == len(per.seen) == 3
     assert s2.optimizer_steps == len(acc.seen) == 1
     for i in range(3):
         mean_k = torch.stack([step[i] for step in per.seen]).mean(0)
         assert torch.allclose(acc.seen[0][i], mean_k, atol=1e-7)
-    assert s1.loss == pytest.approx(s2.loss, abs=1e-9)
+    assert s1.loss == pytest.approx(s2.loss, abs=1e-7)  # both −mean(A) ≈ 0 at ratio 1
+
+
+def test_per_samples_mode_steps_every_n_samples_with_equal_weights():
+    from g2rpo.rollout_worker.plan import dancegrpo_plan
+
+    model = ElementwiseVelocity(SHAPE)
+    plan = dancegrpo_plan(
+        1, T, 6, generator=torch.Generator().manual_seed(0), timestep_fraction=0.5
+    )
+    init, sde = draw_noise(plan, SHAPE, torch.Generator().manual_seed(0))
+    cond = toy_cond(1)
+    with torch.no_grad():
+        result = RolloutEngine(model, sampling_grid(T)).run(plan, cond, init, sde)
+    adv = _advantages(plan, result)
+    per = RecordingSGD(model.parameters(), lr=0.0)
+    stats = _update(
+        model,
+        per,
+        result,
+        adv,
+        cond,
+        max_grad_norm=1e9,
+        step_mode="per_samples",
+        samples_per_step=4,
+    )
+    assert stats.optimizer_steps == len(per.seen) == 2  # 6 samples in blocks of 4
+    acc = RecordingSGD(model.parameters(), lr=0.0)
+    _update(model, acc, result, adv, cond, max_grad_norm=1e9)
+    # every (sample, step) weighs the same: the block gradients, weighted by their
+    # transition counts, add up to the single accumulated gradient
+    counts = [4 * 3, 2 * 3]  # ⌊7·0.5⌋ = 3 trained steps per sample
+    assert len(result.transitions) == 18
+    for i in range(3):
+        blocks = sum(c * step[i] for c, step in zip(counts, per.seen, strict=True)) / 18
+        assert torch.allclose(acc.seen[0][i], blocks, atol=1e-7)
 
 
 def test_shared_forward_equals_separate_forwards():
@@ -154,18 +162,7 @@ def test_grad_norm_is_clipped_and_reported():
     model = ElementwiseVelocity(SHAPE)
     plan, result, cond = _rollout(model)
     opt = RecordingSGD(model.parameters(), lr=0.0)
-    stats = grpo_update(
-        model,
-        list(model.parameters()),
-        opt,
-        result.transitions,
-        _advantages(plan, result),
-        cond,
-        _spec(),
-        clip_range=1e-4,
-        max_grad_norm=1e-6,
-        step_mode="accumulate",
-    )
+    stats = _update(model, opt, result, _advantages(plan, result), cond, max_grad_norm=1e-6)
     assert stats.grad_norm > 1e-6
     clipped = torch.sqrt(sum((g**2).sum() for g in opt.seen[0]))
     assert clipped == pytest.approx(1e-6, rel=1e-3)
@@ -176,44 +173,23 @@ def test_kl_to_reference_is_zero_for_the_same_model_and_positive_after_a_step():
     reference = copy.deepcopy(model).requires_grad_(False)
     plan, result, cond = _rollout(model)
     adv = _advantages(plan, result)
-    kw = dict(
-        clip_range=1e-4,
-        max_grad_norm=1.0,
-        step_mode="per_sde_step",
-        reference_model=reference,
-        kl_beta=0.04,
-    )
+    kw = dict(step_mode="per_sde_step", reference_model=reference, kl_beta=0.04)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    first = grpo_update(
-        model, list(model.parameters()), opt, result.transitions, adv, cond, _spec(), **kw
-    )
+    first = _update(model, opt, result, adv, cond, **kw)
     assert first.kl > 0  # the steps after the first see an updated policy
     model2 = copy.deepcopy(reference).requires_grad_(True)
     opt2 = torch.optim.SGD(model2.parameters(), lr=0.0)
-    zero = grpo_update(
-        model2, list(model2.parameters()), opt2, result.transitions, adv, cond, _spec(), **kw
-    )
+    zero = _update(model2, opt2, result, adv, cond, **kw)
     assert zero.kl == 0.0
     with pytest.raises(ValueError, match="reference_model"):
-        grpo_update(
-            model2,
-            list(model2.parameters()),
-            opt2,
-            result.transitions,
-            adv,
-            cond,
-            _spec(),
-            clip_range=1e-4,
-            max_grad_norm=1.0,
-            kl_beta=0.1,
-        )
+        _update(model2, opt2, result, adv, cond, kl_beta=0.1)
 
 
 def _anchor_reward(model, cond, target, init):
     plan = g2rpo_plan(cond["text"].shape[0], T, 2, [0], [1])
     sde = torch.zeros(plan.num_noises, *SHAPE)
     with torch.no_grad():
-        res = RolloutEngine(model, sigma_schedule(T)).run(plan, cond, init, sde)
+        res = RolloutEngine(model, sampling_grid(T)).run(plan, cond, init, sde)
     return -((res.anchor_latents() - target) ** 2).mean().item()
 
 
@@ -234,21 +210,10 @@ def test_g2rpo_raises_the_anchor_reward_of_a_toy_model():
             plan = g2rpo_plan(2, T, 8, [0, 1, 2, 3], [1, 2])
             i0, sde = draw_noise(plan, SHAPE, torch.Generator().manual_seed(100 + it))
             with torch.no_grad():
-                res = RolloutEngine(model, sigma_schedule(T)).run(plan, cond, init, sde)
+                res = RolloutEngine(model, sampling_grid(T)).run(plan, cond, init, sde)
             r = -((res.leaf_latents - target) ** 2).flatten(1).mean(1)
             adv = plan_advantages(plan, {"mse": r}, cfg, shuffle)
-            grpo_update(
-                model,
-                list(model.parameters()),
-                opt,
-                res.transitions,
-                adv,
-                cond,
-                _spec(),
-                clip_range=1e-4,
-                max_grad_norm=1.0,
-                step_mode="accumulate",
-            )
+            _update(model, opt, res, adv, cond)
             del i0
         return before, _anchor_reward(model, cond, target, init)
 

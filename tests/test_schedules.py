@@ -9,6 +9,7 @@ from g2rpo.common.schedules import (
     expected_g2rpo_nfe,
     granular_schedule,
     model_timestep,
+    sampling_grid,
     sigma_schedule,
     time_shift,
 )
@@ -43,10 +44,17 @@ def test_sigma_schedule_matches_reference_table():
     assert sig[0] == 1.0 and sig[-1] == 0.0
 
 
-def test_model_timestep_is_floor_of_thousand_sigma():
-    ts = model_timestep(sigma_schedule(16, 3.0))
-    assert (ts * 1000).round().long().tolist() == TIMESTEPS_T16
+def test_model_timestep_is_floor_of_thousand_sigma_on_the_float32_grid():
+    grid = sampling_grid(16, 3.0)
+    assert grid.timesteps.dtype == torch.float32
+    assert (grid.timesteps * 1000).round().long().tolist() == TIMESTEPS_T16
     assert model_timestep(torch.tensor(0.97826), quantize=False).item() == pytest.approx(0.97826)
+    # a tie: σ_8 = 0.6 for T=12; the official float32 grid floors it to 599
+    assert round(float(sampling_grid(12, 3.0).timesteps[8]) * 1000) == 599
+    assert sampling_grid(12, 3.0).sigmas[8].item() == pytest.approx(0.6, abs=1e-15)
+    assert torch.equal(
+        sampling_grid(16, 3.0, quantize=False).timesteps, sigma_schedule(16, 3.0).float()
+    )
 
 
 def test_time_shift_properties():
