@@ -1,0 +1,101 @@
+import time
+
+import numpy as np
+import pytest
+import torch
+from g2rpo.common.loaders import ModelPathError, resolve_local_dir
+from g2rpo.reward_server.scorers.clip_score import ClipScore
+
+
+def _byte_level_clip_tokenizer():
+    from transformers import CLIPTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    chars = list(bytes_to_unicode().values())
+    vocab = {c: i for i, c in enumerate(chars)}
+    vocab.update({c + "</w>": len(chars) + i for i, c in enumerate(chars)})
+    vocab["<|startoftext|>"] = len(vocab)
+    vocab["<|endoftext|>"] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=[])
+
+
+@pytest.fixture(scope="module")
+def tiny_clip_dir(tmp_path_factory):
+    """A random tiny CLIP saved in the real transformers layout (no download)."""
+    from transformers import CLIPConfig, CLIPModel, CLIPProcessor
+    from transformers.models.clip import CLIPImageProcessorPil
+
+    torch.manual_seed(0)
+    text = dict(
+        vocab_size=514,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=77,
+        bos_token_id=512,
+        eos_token_id=513,
+        pad_token_id=513,
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+    )
+    model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
+    proc = CLIPProcessor(
+        image_processor=CLIPImageProcessorPil(
+            size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+        ),
+        tokenizer=_byte_level_clip_tokenizer(),
+    )
+    path = tmp_path_factory.mktemp("tiny_clip")
+    model.save_pretrained(path)
+    proc.save_pretrained(path)
+    return path
+
+
+def _images(n, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+
+
+def test_clip_score_from_local_dir(tiny_clip_dir):
+    scorer = ClipScore(tiny_clip_dir)
+    prompts = ["a red circle on a blue background", "a green square on a black background"] * 3
+    s = scorer.score(_images(6), prompts)
+    assert s.shape == (6,) and s.dtype == np.float32
+    assert np.all(np.abs(s) <= 1.0 + 1e-5)
+    assert np.array_equal(s, scorer.score(_images(6), prompts))  # deterministic
+    # batching does not change the scores
+    small = ClipScore(tiny_clip_dir, batch_size=4)
+    assert np.allclose(small.score(_images(6), prompts), s, atol=1e-6)
+    assert scorer.version.startswith(tiny_clip_dir.name)
+
+
+def test_pickscore_is_scaled_cosine(tiny_clip_dir):
+    cos = ClipScore(tiny_clip_dir)
+    pick = ClipScore(tiny_clip_dir, name="pickscore", scale="logit")
+    scale = float(pick.model.logit_scale.detach().exp())
+    prompts = ["a red circle on a blue background"] * 2
+    assert np.allclose(
+        pick.score(_images(2), prompts), scale * cos.score(_images(2), prompts), rtol=1e-5
+    )
+    assert pick.name == "pickscore"
+
+
+def test_hub_id_and_missing_paths_fail_fast(tmp_path):
+    start = time.perf_counter()
+    with pytest.raises(ModelPathError, match="hub id") as err:
+        ClipScore("openai/clip-vit-base-patch32")
+    assert "openai/clip-vit-base-patch32" in str(err.value)
+    with pytest.raises(ModelPathError, match="does not exist"):
+        ClipScore(tmp_path / "nothing")
+    with pytest.raises(ModelPathError, match=r"lacks config\.json"):
+        ClipScore(tmp_path)
+    assert time.perf_counter() - start < 5  # no network wait
+    with pytest.raises(ModelPathError, match="not a directory"):
+        (tmp_path / "f").write_text("x")
+        resolve_local_dir(tmp_path / "f", "thing")
