@@ -1,0 +1,172 @@
+"""A FLUX pipeline directory (diffusers layout) loaded for rollouts and training.
+
+Loads the components FluxPipeline.from_pretrained would (transformer, VAE, CLIP and
+T5 text encoders with their tokenizers, scheduler) from a local directory only,
+encodes prompts exactly as FluxPipeline.encode_prompt does (T5 sequence padded to
+max_sequence_length, CLIP pooled output), and decodes packed latents to uint8
+images with the VAE's scaling and shift factors. The same code serves FLUX.1-dev.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .flux import FluxVelocity, unpack_latents
+from .loaders import resolve_local_dir
+
+COMPONENTS = ("transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2")
+
+
+@dataclass
+class FluxComponents:
+    transformer: Any
+    vae: Any
+    text_encoder: Any
+    text_encoder_2: Any
+    tokenizer: Any
+    tokenizer_2: Any
+    path: Path | None = None
+
+    @classmethod
+    def load(
+        cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> FluxComponents:
+        """Load every component from a local FluxPipeline directory (never a hub)."""
+        from diffusers import AutoencoderKL, FluxTransformer2DModel
+        from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
+
+        root = resolve_local_dir(path, "FLUX pipeline", required=("model_index.json",))
+        for sub in COMPONENTS:
+            resolve_local_dir(root / sub, f"FLUX pipeline component {sub!r}")
+        kw = dict(local_files_only=True)
+        return cls(
+            transformer=FluxTransformer2DModel.from_pretrained(
+                root, subfolder="transformer", torch_dtype=dtype, **kw
+            ).to(device),
+            # the VAE and text encoders run in fp32 (the official code decodes in bf16 on GPU)
+            vae=AutoencoderKL.from_pretrained(root, subfolder="vae", **kw).to(device).eval(),
+            text_encoder=CLIPTextModel.from_pretrained(root / "text_encoder", **kw)
+            .to(device)
+            .eval(),
+            text_encoder_2=T5EncoderModel.from_pretrained(root / "text_encoder_2", **kw)
+            .to(device)
+            .eval(),
+            tokenizer=AutoTokenizer.from_pretrained(root / "tokenizer", **kw),
+            tokenizer_2=AutoTokenizer.from_pretrained(root / "tokenizer_2", **kw),
+            path=root,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.transformer.parameters()).device
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+    def latent_size(self, height: int, width: int) -> tuple[int, int]:
+        """Unpacked latent (h, w) of an image; FLUX needs both divisible by 2·vae factor."""
+        step = self.vae_scale_factor * 2
+        if height % step or width % step:
+            raise ValueError(f"height and width must be multiples of {step}, got {height}x{width}")
+        return height // self.vae_scale_factor, width // self.vae_scale_factor
+
+    def velocity_model(self, height: int, width: int, guidance: float = 3.5) -> FluxVelocity:
+        h, w = self.latent_size(height, width)
+        return FluxVelocity(self.transformer, h, w, guidance=guidance)
+
+    def encode_prompts(self, prompts: list[str], max_sequence_length: int = 512) -> dict:
+        return encode_prompts(
+            self.tokenizer,
+            self.text_encoder,
+            self.tokenizer_2,
+            self.text_encoder_2,
+            prompts,
+            max_sequence_length,
+        )
+
+    @torch.no_grad()
+    def decode(
+        self, packed: torch.Tensor, height: int, width: int, batch: int = 64
+    ) -> torch.Tensor:
+        """Packed latents [B, L, C] → uint8 images [B, H, W, 3] (batched VAE decode)."""
+        return decode_latents(self.vae, packed, *self.latent_size(height, width), batch=batch)
+
+
+def encode_prompts(
+    tokenizer,
+    text_encoder,
+    tokenizer_2,
+    text_encoder_2,
+    prompts: list[str],
+    max_sequence_length: int,
+) -> dict[str, torch.Tensor]:
+    """FluxPipeline.encode_prompt's tensors, with gradients when the encoders train:
+    ``encoder_hidden_states`` = T5 last hidden state over max_sequence_length tokens
+    (no attention mask, as diffusers), ``pooled_projections`` = CLIP pooled output."""
+    if not prompts:
+        raise ValueError("prompts: at least one prompt is needed")
+    device = next(text_encoder_2.parameters()).device
+    t5_ids = tokenizer_2(
+        list(prompts),
+        padding="max_length",
+        max_length=max_sequence_length,
+        truncation=True,
+        return_tensors="pt",
+    ).input_ids.to(device)
+    clip_ids = tokenizer(
+        list(prompts),
+        padding="max_length",
+        max_length=tokenizer.model_max_length,
+        truncation=True,
+        return_tensors="pt",
+    ).input_ids.to(device)
+    return {
+        "encoder_hidden_states": text_encoder_2(t5_ids, output_hidden_states=False)[0],
+        "pooled_projections": text_encoder(clip_ids, output_hidden_states=False).pooler_output,
+    }
+
+
+def decode_latents(
+    vae, packed: torch.Tensor, latent_h: int, latent_w: int, batch: int = 64
+) -> torch.Tensor:
+    """Unpack, undo FLUX's (z − shift)·scale, decode; returns uint8 [B, H, W, 3] on CPU."""
+    scale, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
+    device, dtype = next(vae.parameters()).device, next(vae.parameters()).dtype
+    out = []
+    for lo in range(0, packed.shape[0], batch):
+        z = unpack_latents(packed[lo : lo + batch].float(), latent_h, latent_w)
+        img = vae.decode((z / scale + shift).to(device, dtype), return_dict=False)[0]
+        img = ((img.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        out.append(img.permute(0, 2, 3, 1).cpu())
+    return torch.cat(out)
+
+
+def save_prompt_embeddings(path: str | Path, prompts: list[str], embeds: dict) -> None:
+    """Prompt-embedding cache (safetensors), as the official preprocessing precomputes."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().float().cpu().contiguous() for k, v in embeds.items()}
+    save_file(tensors, str(path), metadata={"prompts": json.dumps(list(prompts))})
+
+
+def load_prompt_embeddings(path: str | Path) -> tuple[list[str], dict[str, torch.Tensor]]:
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"prompt-embedding cache not found: {p}")
+    with safe_open(str(p), "pt") as f:
+        meta = f.metadata() or {}
+    if "prompts" not in meta:
+        raise ValueError(f"{p}: not a g2rpo prompt-embedding cache (no prompts in its metadata)")
+    return json.loads(meta["prompts"]), load_file(str(p))

@@ -1,0 +1,1 @@
+"""The tiny offline shapes world: its text stack, pretraining, evaluation."""
