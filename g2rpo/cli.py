@@ -68,6 +68,73 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pretrain(args: argparse.Namespace) -> int:
+    import torch
+
+    from g2rpo.world.pretrain import pretrain
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    meta = pretrain(args.out, quick=args.quick, seed=args.seed, progress=not args.no_progress)
+    t = meta["timings"]
+    print(
+        f"wrote {args.out}/pipeline (FluxPipeline layout) and {args.out}/shapes_clip in "
+        f"{t['total_s']:.0f} s (vae {t['vae_s']:.0f} s, flow {t['flow_s']:.0f} s, "
+        f"shapes_clip {t['shapes_clip_s']:.0f} s); final flow loss {meta['flow_loss_ema']:.4f}"
+    )
+    return 0
+
+
+def _cmd_eval_world(args: argparse.Namespace) -> int:
+    from g2rpo.world import DEFAULT_WORLD
+    from g2rpo.world.evaluate import evaluate_world
+
+    world = args.world or DEFAULT_WORLD
+    report = evaluate_world(
+        world, samples_per_prompt=args.samples_per_prompt, seed=args.seed, grid_path=args.grid
+    )
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"world: {world}")
+    for split in ("held_out", "train"):
+        r = report[split]
+        c = r["checker"]
+        print(
+            f"  {split:8s} {r['samples']} samples of {r['prompts']} prompts: checker pass "
+            f"{c['pass']:.1%} (bg {c['bg']:.1%}, fg {c['fg']:.1%}, shape {c['shape']:.1%}), "
+            f"shapes_clip {r['shapes_clip_mean']:.3f}"
+        )
+    print(
+        f"  shapes_clip AUC correct vs mismatched (held-out ground truth): "
+        f"{report['shapes_clip_auc']:.3f} ({report['shapes_clip_gt_mean']:.3f} vs "
+        f"{report['shapes_clip_mismatched_mean']:.3f})"
+    )
+    if args.grid:
+        print(f"  sample grid: {args.grid}")
+    return 0
+
+
+def _cmd_embed_prompts(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from g2rpo.common.flux_pipeline import FluxComponents, save_prompt_embeddings
+
+    text = Path(args.prompts).read_text(encoding="utf-8")
+    prompts = [line.strip() for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError(f"--prompts {args.prompts}: no prompts in the file")
+    comps = FluxComponents.load(args.pipeline)
+    with torch.no_grad():
+        embeds = comps.encode_prompts(prompts, args.max_sequence_length)
+    save_prompt_embeddings(args.out, prompts, embeds)
+    shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in embeds.items())
+    print(f"wrote {len(prompts)} prompt embeddings to {args.out} ({shapes})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="g2rpo", description="Granular-GRPO online RL for flow-matching text-to-image models"
@@ -107,6 +174,37 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     eng.set_defaults(func=_cmd_bench_engine)
 
+    pre = sub.add_parser(
+        "pretrain", help="train the tiny offline shapes world (pipeline + shapes_clip reward)"
+    )
+    pre.add_argument("--out", required=True, help="output directory (must not hold a pipeline)")
+    pre.add_argument("--quick", action="store_true", help="a tiny run for tests (~1 minute)")
+    pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    pre.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    pre.set_defaults(func=_cmd_pretrain)
+
+    ev = sub.add_parser("eval", help="evaluations")
+    ev_sub = ev.add_subparsers(dest="eval", required=True, metavar="WHAT")
+    ew = ev_sub.add_parser(
+        "world", help="base model checker pass rate, shapes_clip AUC and a sample grid"
+    )
+    ew.add_argument("--world", default=None, help="world dir (default: the committed one)")
+    ew.add_argument("--samples-per-prompt", type=int, default=5)
+    ew.add_argument("--seed", type=int, default=0)
+    ew.add_argument("--grid", default=None, help="write a sample grid PNG here")
+    ew.add_argument("--json", action="store_true")
+    ew.set_defaults(func=_cmd_eval_world)
+
+    emb = sub.add_parser(
+        "embed-prompts", help="precompute prompt embeddings into a safetensors cache"
+    )
+    emb.add_argument("--pipeline", required=True, help="local FluxPipeline directory")
+    emb.add_argument("--prompts", required=True, help="text file, one prompt per line")
+    emb.add_argument("--out", required=True, help="output .safetensors file")
+    emb.add_argument("--max-sequence-length", type=int, default=512)
+    emb.set_defaults(func=_cmd_embed_prompts)
+
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_cmd", required=True, metavar="WHAT")
     show = config_sub.add_parser("show", help="print the resolved configuration")
@@ -124,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, ValueError, RuntimeError) as exc:
+    except (ConfigError, ValueError, RuntimeError, OSError) as exc:
         print(f"g2rpo: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

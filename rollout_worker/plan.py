@@ -92,6 +92,26 @@ def _anchor_edges(num_steps: int, store: bool) -> tuple[Edge, ...]:
     return tuple(Edge(to=t, store=store) for t in range(1, num_steps + 1))
 
 
+def anchor_plan(num_prompts: int, num_steps: int) -> RolloutPlan:
+    """Deterministic ODE samples only, one per prompt (evaluation of the current policy)."""
+    anchor = _anchor_edges(num_steps, store=False)
+    return RolloutPlan(
+        algorithm="anchor",
+        num_steps=num_steps,
+        sde_type="flow",
+        eta=0.0,
+        num_prompts=num_prompts,
+        group_size=1,
+        root_prompt=list(range(num_prompts)),
+        num_noises=0,
+        leaves=[
+            Leaf(root=p, prompt=p, edges=anchor, kind="anchor", coords=(p,))
+            for p in range(num_prompts)
+        ],
+        adv_shape=(0,),
+    )
+
+
 def g2rpo_plan(
     num_prompts: int,
     num_steps: int,

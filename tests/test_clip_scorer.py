@@ -99,3 +99,20 @@ def test_hub_id_and_missing_paths_fail_fast(tmp_path):
     with pytest.raises(ModelPathError, match="not a directory"):
         (tmp_path / "f").write_text("x")
         resolve_local_dir(tmp_path / "f", "thing")
+
+
+def test_registry(tiny_clip_dir):
+    from g2rpo.reward_server.scorers.registry import ScorerUnavailable, make_scorer, scorer_names
+
+    assert {"shapes_oracle", "jpeg_compressibility", "shapes_clip", "pickscore"} <= set(
+        scorer_names()
+    )
+    assert make_scorer("jpeg_compressibility").name == "jpeg_compressibility"
+    pick = make_scorer("pickscore", path=tiny_clip_dir)
+    assert pick.name == "pickscore" and pick.scale == "logit"
+    with pytest.raises(ValueError, match="unknown scorer 'hps'"):
+        make_scorer("hps")
+    with pytest.raises(ValueError, match="needs path="):
+        make_scorer("clip_score")
+    with pytest.raises(ScorerUnavailable, match="hpsv2"):  # open_clip/torchvision don't import
+        make_scorer("hpsv2")
