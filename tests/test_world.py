@@ -164,3 +164,37 @@ def test_loaders_refuse_hubs_and_missing_components(tmp_path):
         str(tmp_path / "x.safetensors"),
     )
     assert res.returncode == 2 and "hub id" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_random_tiny_flux_pipeline_with_guidance_through_the_loader(tmp_path):
+    """A random FLUX.1-dev-shaped pipeline (guidance embedding on) saved in the real layout."""
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        FluxPipeline,
+        FluxTransformer2DModel,
+    )
+    from g2rpo.world.flow import TRANSFORMER_CONFIG
+    from g2rpo.world.text import build_clip_tokenizer, build_t5_tokenizer, build_text_encoders
+    from g2rpo.world.vae import VAE_CONFIG
+
+    tok, tok2 = build_clip_tokenizer(), build_t5_tokenizer()
+    clip, t5 = build_text_encoders(len(tok), len(tok2))
+    FluxPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=AutoencoderKL(**VAE_CONFIG),
+        text_encoder=clip,
+        tokenizer=tok,
+        text_encoder_2=t5,
+        tokenizer_2=tok2,
+        transformer=FluxTransformer2DModel(**{**TRANSFORMER_CONFIG, "guidance_embeds": True}),
+    ).save_pretrained(tmp_path)
+    comps = FluxComponents.load(tmp_path)
+    assert comps.transformer.config.guidance_embeds
+    with torch.no_grad():
+        cond = comps.encode_prompts(PROMPTS, 16)
+        v = comps.velocity_model(32, 32, guidance=3.5)(
+            torch.randn(2, 16, 64), torch.tensor([1.0, 0.5]), cond
+        )
+        images = comps.decode(torch.randn(2, 16, 64), 32, 32)
+    assert v.shape == (2, 16, 64) and images.shape == (2, 32, 32, 3)
