@@ -198,3 +198,19 @@ def test_random_tiny_flux_pipeline_with_guidance_through_the_loader(tmp_path):
         )
         images = comps.decode(torch.randn(2, 16, 64), 32, 32)
     assert v.shape == (2, 16, 64) and images.shape == (2, 32, 32, 3)
+
+
+def test_committed_default_world_loads_and_its_reward_separates_pairs():
+    from g2rpo.common.shapes import render_batch, split_combinations
+    from g2rpo.reward_server.scorers.registry import make_scorer
+    from g2rpo.world import DEFAULT_WORLD
+    from g2rpo.world.evaluate import auc, sample_images
+
+    comps = FluxComponents.load(DEFAULT_WORLD / "pipeline")
+    images = sample_images(comps, PROMPTS, seed=0)
+    assert images.shape == (2, 32, 32, 3) and images.dtype == np.uint8
+    _, held = split_combinations(0, 40)
+    clip = make_scorer("shapes_clip")
+    truth = render_batch(held, seed=5)
+    wrong = [held[(i + 7) % len(held)].prompt for i in range(len(held))]
+    assert auc(clip.score(truth, [s.prompt for s in held]), clip.score(truth, wrong)) > 0.9
