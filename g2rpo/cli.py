@@ -135,6 +135,37 @@ def _cmd_embed_prompts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_reward_server(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from g2rpo.reward_server.app import create_app
+    from g2rpo.reward_server.settings import ScorerSpec, ServerSettings, token_from_env
+
+    fields = dict(
+        scorers=[ScorerSpec.parse(s) for s in args.scorers.split(",") if s.strip()],
+        host=args.host,
+        port=args.port,
+        redis_url=args.redis_url,
+        token=token_from_env(args.token_env),
+        insecure=args.insecure,
+        max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms,
+        advertise_url=args.advertise_url,
+    )
+    if args.replica_id:
+        fields["replica_id"] = args.replica_id
+    settings = ServerSettings(**fields)
+    settings.check_bind()
+    print(
+        f"reward server {settings.replica_id} on {settings.url()} serving "
+        f"{', '.join(s.name for s in settings.scorers)}"
+        + (f", registered in {settings.redis_url}" if settings.redis_url else ""),
+        flush=True,
+    )
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="g2rpo", description="Granular-GRPO online RL for flow-matching text-to-image models"
@@ -205,6 +236,19 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--max-sequence-length", type=int, default=512)
     emb.set_defaults(func=_cmd_embed_prompts)
 
+    rs = sub.add_parser("reward-server", help="serve scorers over HTTP (FastAPI)")
+    rs.add_argument("--scorers", required=True, help="NAME[=LOCAL_DIR][,NAME...]")
+    rs.add_argument("--host", default="127.0.0.1")
+    rs.add_argument("--port", type=int, default=8300)
+    rs.add_argument("--redis-url", default=None, help="register for discovery and share a cache")
+    rs.add_argument("--token-env", default=None, help="env var holding the bearer token")
+    rs.add_argument("--insecure", action="store_true", help="allow a public bind without token")
+    rs.add_argument("--max-batch", type=int, default=64, help="images per scorer call")
+    rs.add_argument("--max-wait-ms", type=float, default=5.0, help="batching window")
+    rs.add_argument("--replica-id", default=None)
+    rs.add_argument("--advertise-url", default=None, help="URL clients should use")
+    rs.set_defaults(func=_cmd_reward_server)
+
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_cmd", required=True, metavar="WHAT")
     show = config_sub.add_parser("show", help="print the resolved configuration")
@@ -217,12 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pydantic import ValidationError
+
     from g2rpo.common.config import ConfigError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, ValueError, RuntimeError, OSError) as exc:
+    except (ConfigError, ValueError, RuntimeError, OSError, ValidationError) as exc:
         print(f"g2rpo: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

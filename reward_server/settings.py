@@ -1,0 +1,75 @@
+"""Reward-server settings (one pydantic model, filled from the command line)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import uuid
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ScorerSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    path: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ScorerSpec:
+        """``NAME`` or ``NAME=LOCAL_DIR``."""
+        name, _, path = text.partition("=")
+        if not name.strip():
+            raise ValueError(f"--scorers: empty scorer name in {text!r}")
+        return cls(name=name.strip(), path=path.strip() or None)
+
+
+class ServerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    scorers: list[ScorerSpec] = Field(min_length=1)
+    host: str = "127.0.0.1"
+    port: int = Field(8300, ge=0, le=65535)
+    redis_url: str | None = None
+    token: str | None = None
+    insecure: bool = False
+    max_batch: int = Field(64, ge=1)
+    max_wait_ms: float = Field(5.0, ge=0)
+    max_payload_bytes: int = Field(64 * 2**20, ge=1024)
+    max_images: int = Field(1024, ge=1)
+    max_side: int = Field(2048, ge=8)
+    heartbeat_ttl_s: float = Field(6.0, gt=0)
+    cache_capacity: int = Field(100_000, ge=0)
+    replica_id: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    )
+    advertise_url: str | None = None
+
+    def url(self) -> str:
+        return self.advertise_url or f"http://{self.host}:{self.port}"
+
+    def check_bind(self) -> None:
+        """Refuse a non-loopback bind without a token unless --insecure."""
+        if self.token or self.insecure or is_loopback(self.host):
+            return
+        raise ValueError(
+            f"--host {self.host} is reachable from other machines: set a token with --token-env "
+            "VAR, or pass --insecure to serve without one"
+        )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def token_from_env(var: str | None) -> str | None:
+    if var is None:
+        return None
+    value = os.environ.get(var)
+    if not value:
+        raise ValueError(f"--token-env {var}: the environment variable is unset or empty")
+    return value
