@@ -151,6 +151,7 @@ def _cmd_reward_server(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_wait_ms=args.max_wait_ms,
         advertise_url=args.advertise_url,
+        heartbeat_ttl_s=args.heartbeat_ttl,
     )
     if args.replica_id:
         fields["replica_id"] = args.replica_id
@@ -245,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--insecure", action="store_true", help="allow a public bind without token")
     rs.add_argument("--max-batch", type=int, default=64, help="images per scorer call")
     rs.add_argument("--max-wait-ms", type=float, default=5.0, help="batching window")
+    rs.add_argument("--heartbeat-ttl", type=float, default=6.0, help="registration TTL (s)")
     rs.add_argument("--replica-id", default=None)
     rs.add_argument("--advertise-url", default=None, help="URL clients should use")
     rs.set_defaults(func=_cmd_reward_server)
