@@ -60,6 +60,31 @@ def _cmd_bench_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_reward(args: argparse.Namespace) -> int:
+    from g2rpo.reward_server.bench import bench_reward
+
+    result = bench_reward(
+        scorer=args.scorer, duration_s=args.duration, per_request=args.images_per_request
+    )
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"scorer {result['scorer']}, {result['images_per_request']} images per request")
+    for key in ("batched", "unbatched"):
+        for r in result[key]:
+            print(
+                f"  {key:9s} {r['clients']:3d} clients: {r['images_per_s']:8.1f} images/s, "
+                f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
+            )
+    for n, r in result["replicas"].items():
+        print(
+            f"  {n} replica(s), {r['clients']} clients: {r['images_per_s']:.1f} images/s, "
+            f"p99 {r['p99_ms']:.1f} ms"
+        )
+    print(f"  batching gain {result['batching_gain']}x, replica gain {result['replica_gain']}x")
+    return 0
+
+
 def _cmd_config_show(args: argparse.Namespace) -> int:
     from g2rpo.common.config import dump_config, load_config
 
@@ -250,6 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--replica-id", default=None)
     rs.add_argument("--advertise-url", default=None, help="URL clients should use")
     rs.set_defaults(func=_cmd_reward_server)
+
+    rb = bench_sub.add_parser("reward", help="reward-server throughput and latency")
+    rb.add_argument("--json", action="store_true")
+    rb.add_argument("--scorer", default="shapes_clip")
+    rb.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+    rb.add_argument("--images-per-request", type=int, default=8)
+    rb.set_defaults(func=_cmd_bench_reward)
 
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_cmd", required=True, metavar="WHAT")

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 import numpy as np
-from fastapi import FastAPI, File, Form, Request, UploadFile
+from fastapi import FastAPI, File, Form, UploadFile
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
@@ -37,17 +37,40 @@ from .wire import TooLarge, decode_pngs, decode_safetensors
 log = logging.getLogger("g2rpo.reward_server")
 
 
-class _BodyLimit:
-    """Pure ASGI middleware: 413 once a request body exceeds the limit (declared or read)."""
+class _Guard:
+    """Pure ASGI middleware in front of the app (cheaper than BaseHTTPMiddleware):
+    bearer token on /v1/*, 413 once a body exceeds the limit (declared or read),
+    and the request counter/latency of /v1/score."""
 
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app, settings: ServerSettings, metrics: ServerMetrics, state: dict):
+        self.app, self.limit, self.metrics, self.state = (
+            app,
+            settings.max_payload_bytes,
+            metrics,
+            state,
+        )
+        self.token = f"Bearer {settings.token}".encode() if settings.token else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        path = scope["path"]
+        headers = dict(scope.get("headers") or [])
+        counted = path == "/v1/score"
+        if (
+            self.token is not None
+            and path.startswith("/v1/")
+            and (headers.get(b"authorization") != self.token)
+        ):
+            response = _error(401, "missing or wrong bearer token", "authorization")
+            response.headers["WWW-Authenticate"] = "Bearer"
+            if counted:
+                self.metrics.requests.labels("401").inc()
+            return await response(scope, receive, send)
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            if counted:
+                self.metrics.requests.labels("413").inc()
             return await _too_large(scope, receive, send, self.limit)
         chunks, size, more = [], 0, True
         while more:
@@ -57,6 +80,8 @@ class _BodyLimit:
             body = message.get("body", b"")
             size += len(body)
             if size > self.limit:
+                if counted:
+                    self.metrics.requests.labels("413").inc()
                 return await _too_large(scope, receive, send, self.limit)
             chunks.append(body)
             more = message.get("more_body", False)
@@ -70,7 +95,25 @@ class _BodyLimit:
                 return replay
             return await receive()
 
-        return await self.app(scope, replayed, send)
+        if not counted:
+            return await self.app(scope, replayed, send)
+        status = {"code": 500}
+
+        async def watched_send(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        start = time.perf_counter()
+        self.state["inflight"] += 1
+        self.metrics.inflight.inc()
+        try:
+            await self.app(scope, replayed, watched_send)
+        finally:
+            self.state["inflight"] -= 1
+            self.metrics.inflight.dec()
+            self.metrics.requests.labels(str(status["code"])).inc()
+            self.metrics.request_seconds.observe(time.perf_counter() - start)
 
 
 async def _too_large(scope, receive, send, limit):
@@ -158,34 +201,13 @@ def create_app(settings: ServerSettings, scorers: dict[str, Scorer] | None = Non
 
     app = FastAPI(title="g2rpo reward server", version="1", lifespan=lifespan)
 
-    @app.middleware("http")
-    async def auth_and_count(request: Request, call_next):
-        path = request.url.path
-        authorised = request.headers.get("authorization") == f"Bearer {settings.token}"
-        if settings.token and path.startswith("/v1/") and not authorised:
-            response = _error(401, "missing or wrong bearer token", "authorization")
-            response.headers["WWW-Authenticate"] = "Bearer"
-            metrics.requests.labels("401").inc()
-            return response
-        if path != "/v1/score":
-            return await call_next(request)
-        start = time.perf_counter()
-        state["inflight"] += 1
-        metrics.inflight.inc()
-        try:
-            response = await call_next(request)
-        finally:
-            state["inflight"] -= 1
-            metrics.inflight.dec()
-        metrics.requests.labels(str(response.status_code)).inc()
-        metrics.request_seconds.observe(time.perf_counter() - start)
-        return response
-
     async def score_one(name: str, images: np.ndarray, prompts: list[str]):
         scorer = state["batchers"][name].scorer
         keys = cache_keys(name, scorer.version, images, prompts)
+        cache = state["cache"]
+        remote = isinstance(cache, RedisCache)  # network I/O off the event loop
         try:
-            hits = await asyncio.to_thread(state["cache"].get_many, keys)
+            hits = await asyncio.to_thread(cache.get_many, keys) if remote else cache.get_many(keys)
         except Exception as exc:
             log.warning("cache read failed: %s", exc)
             hits = [None] * len(keys)
@@ -197,10 +219,12 @@ def create_app(settings: ServerSettings, scorers: dict[str, Scorer] | None = Non
             )
             for i, v in zip(missing, fresh, strict=True):
                 hits[i] = float(v)
+            fresh_items = {keys[i]: hits[i] for i in missing}
             try:
-                await asyncio.to_thread(
-                    state["cache"].set_many, {keys[i]: hits[i] for i in missing}
-                )
+                if remote:
+                    await asyncio.to_thread(cache.set_many, fresh_items)
+                else:
+                    cache.set_many(fresh_items)
             except Exception as exc:
                 log.warning("cache write failed: %s", exc)
         cached = len(keys) - len(missing)
@@ -306,7 +330,7 @@ def create_app(settings: ServerSettings, scorers: dict[str, Scorer] | None = Non
     async def prometheus_metrics():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_middleware(_BodyLimit, limit=settings.max_payload_bytes)
+    app.add_middleware(_Guard, settings=settings, metrics=metrics, state=state)
     app.state.settings = settings
     app.state.metrics = metrics
     return app

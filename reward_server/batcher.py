@@ -97,17 +97,25 @@ class DynamicBatcher:
         prompts = [p for j in batch for p in j.prompts]
         self._waiting -= count
         self.on_depth(self.scorer.name, self._waiting)
-        start = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        parts = []
         try:
-            scores = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self.scorer.score, images, prompts
-            )
+            # a request larger than max_batch is scored in max_batch-sized calls
+            for lo in range(0, count, self.max_batch):
+                hi = min(lo + self.max_batch, count)
+                start = time.perf_counter()
+                parts.append(
+                    await loop.run_in_executor(
+                        self._pool, self.scorer.score, images[lo:hi], prompts[lo:hi]
+                    )
+                )
+                self.on_batch(self.scorer.name, hi - lo, time.perf_counter() - start)
         except Exception as exc:  # handed to every waiting request
             for job in batch:
                 if not job.future.done():
                     job.future.set_exception(exc)
             return
-        self.on_batch(self.scorer.name, count, time.perf_counter() - start)
+        scores = np.concatenate(parts)
         offset = 0
         for job in batch:
             n = len(job.prompts)

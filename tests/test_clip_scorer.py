@@ -116,3 +116,25 @@ def test_registry(tiny_clip_dir):
         make_scorer("clip_score")
     with pytest.raises(ScorerUnavailable, match="hpsv2"):  # open_clip/torchvision don't import
         make_scorer("hpsv2")
+
+
+def test_fast_paths_match_the_processor_and_model_forward(tiny_clip_dir):
+    from PIL import Image
+
+    scorer = ClipScore(tiny_clip_dir)
+    imgs = _images(5)
+    fast = scorer._pixels(imgs)
+    slow = scorer.processor(images=[Image.fromarray(i) for i in imgs], return_tensors="pt")
+    assert torch.allclose(fast, slow["pixel_values"], atol=1e-5)
+    prompts = ["a red circle", "a blue square", "a red circle", "x", "a blue square"]
+    with torch.no_grad():
+        ref = scorer.model(
+            **scorer.processor(
+                text=prompts,
+                images=[Image.fromarray(i) for i in imgs],
+                return_tensors="pt",
+                padding=True,
+            )
+        )
+    expect = (ref.image_embeds * ref.text_embeds).sum(-1).numpy()
+    assert np.allclose(scorer.score(imgs, prompts), expect, atol=1e-5)

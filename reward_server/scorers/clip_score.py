@@ -44,24 +44,46 @@ class ClipScore:
         digest = hashlib.sha256((local / "config.json").read_bytes()).hexdigest()[:8]
         self.version = f"{local.name}-{digest}"
 
+    def _pixels(self, images: np.ndarray) -> torch.Tensor:
+        """Processor pixel values; images already at the crop size skip PIL (same values:
+        resize and centre crop are identities there, only rescale + normalise remain)."""
+        ip = self.processor.image_processor
+        crop = getattr(ip, "crop_size", None) or {}
+        side = images.shape[1]
+        identity = (
+            images.shape[1] == images.shape[2]
+            and crop.get("height") == side == crop.get("width")
+            and (getattr(ip, "size", None) or {}).get("shortest_edge") == side
+        )
+        if not identity:
+            pil = [Image.fromarray(img) for img in images]
+            return self.processor(images=pil, return_tensors="pt")["pixel_values"]
+        x = torch.from_numpy(images).permute(0, 3, 1, 2).float() * float(ip.rescale_factor)
+        mean = torch.tensor(ip.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
+        std = torch.tensor(ip.image_std, dtype=torch.float32).view(1, 3, 1, 1)
+        return (x - mean) / std
+
     @torch.no_grad()
     def score(self, images, prompts: list[str]) -> np.ndarray:
         arr = check_batch(images, prompts)
+        if arr.shape[0] == 0:
+            return np.zeros(0, dtype=np.float32)
+        m = self.model
+        # prompts repeat (a group shares one): embed each distinct prompt once
+        unique = sorted(set(prompts))
+        tokens = self.processor.tokenizer(
+            unique, return_tensors="pt", padding=True, truncation=True
+        ).to(self.device)
+        text = m.text_projection(m.text_model(**tokens).pooler_output)
+        text = text / text.norm(dim=-1, keepdim=True)
+        row = torch.tensor([unique.index(p) for p in prompts], device=self.device)
         out = []
         for lo in range(0, arr.shape[0], self.batch_size):
-            batch = [Image.fromarray(img) for img in arr[lo : lo + self.batch_size]]
-            inputs = self.processor(
-                text=list(prompts[lo : lo + self.batch_size]),
-                images=batch,
-                return_tensors="pt",
-                padding=True,
-                truncation=True,
-            ).to(self.device)
-            res = self.model(**inputs)
-            cos = (res.image_embeds * res.text_embeds).sum(dim=-1)
+            pixels = self._pixels(arr[lo : lo + self.batch_size]).to(self.device)
+            img = m.visual_projection(m.vision_model(pixel_values=pixels).pooler_output)
+            img = img / img.norm(dim=-1, keepdim=True)
+            cos = (img * text[row[lo : lo + self.batch_size]]).sum(dim=-1)
             if self.scale == "logit":
-                cos = cos * self.model.logit_scale.exp()
+                cos = cos * m.logit_scale.exp()
             out.append(cos.float().cpu())
-        if not out:
-            return np.zeros(0, dtype=np.float32)
         return torch.cat(out).numpy().astype(np.float32)

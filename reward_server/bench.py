@@ -1,0 +1,153 @@
+"""``g2rpo bench reward``: throughput and latency of real reward-server processes,
+driven through the real client: 1/8/64 concurrent clients, batched vs
+``--max-batch 1``, and 1 vs 2 replicas behind the client, all in one run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+
+from .client import RewardClient
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    def __init__(self, scorer: str, max_batch: int, threads: int) -> None:
+        exe = shutil.which("g2rpo") or os.path.join(os.path.dirname(sys.executable), "g2rpo")
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                "reward-server",
+                "--scorers",
+                scorer,
+                "--port",
+                str(self.port),
+                "--max-batch",
+                str(max_batch),
+                "--max-wait-ms",
+                "10",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"reward server for {scorer!r} exited at start")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("reward server did not become ready")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
+
+def _load(
+    client: RewardClient, scorer: str, clients: int, duration_s: float, per_request: int, seed: int
+) -> dict:
+    """``clients`` concurrent loops, each sending its next request as soon as the last
+    is answered; every image is new (no cache hits)."""
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(0, 256, (256, 32, 32, 3), dtype=np.uint8)
+    prompts = ["a red circle on a blue background"] * per_request
+
+    async def run() -> list[float]:
+        latencies: list[float] = []
+        stop_at = time.perf_counter() + duration_s
+        counter = iter(range(10**9))
+
+        async def loop() -> None:
+            while time.perf_counter() < stop_at:
+                i = next(counter)
+                imgs = pool[np.arange(i * per_request, (i + 1) * per_request) % len(pool)].copy()
+                imgs[:, 0, 0, :] = np.frombuffer(np.int64(i).tobytes()[:3], np.uint8)  # unique
+                start = time.perf_counter()
+                await client.score_async(imgs, prompts, [scorer])
+                latencies.append(time.perf_counter() - start)
+
+        await asyncio.gather(*(loop() for _ in range(clients)))
+        return latencies
+
+    start = time.perf_counter()
+    latencies = asyncio.run_coroutine_threadsafe(run(), client._loop).result()
+    wall = time.perf_counter() - start
+    lat = np.array(latencies) * 1000
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "images_per_s": round(len(latencies) * per_request / wall, 1),
+        "p50_ms": round(float(np.percentile(lat, 50)), 2),
+        "p99_ms": round(float(np.percentile(lat, 99)), 2),
+    }
+
+
+def bench_reward(
+    *,
+    scorer: str = "shapes_clip",
+    duration_s: float = 3.0,
+    per_request: int = 2,
+    clients: tuple[int, ...] = (1, 8, 64),
+    seed: int = 0,
+) -> dict:
+    results: dict = {
+        "scorer": scorer,
+        "images_per_request": per_request,
+        "duration_s": duration_s,
+        "batched": [],
+        "unbatched": [],
+        "replicas": {},
+    }
+    threads = max(1, (os.cpu_count() or 2))
+    for key, max_batch in (("batched", 64), ("unbatched", 1)):
+        server = _Server(scorer, max_batch, threads)
+        try:
+            with RewardClient([server.url], deadline_s=120) as client:
+                _load(client, scorer, 4, 1.0, per_request, seed)  # warm-up
+                for c in clients:
+                    results[key].append(_load(client, scorer, c, duration_s, per_request, seed))
+        finally:
+            server.stop()
+    top = max(clients)
+    for replicas in (1, 2):
+        servers = [_Server(scorer, 64, max(1, threads // replicas)) for _ in range(replicas)]
+        try:
+            with RewardClient([s.url for s in servers], deadline_s=120) as client:
+                _load(client, scorer, 4, 1.0, per_request, seed)
+                results["replicas"][str(replicas)] = _load(
+                    client, scorer, top, duration_s, per_request, seed
+                )
+        finally:
+            for s in servers:
+                s.stop()
+    b = {r["clients"]: r for r in results["batched"]}
+    u = {r["clients"]: r for r in results["unbatched"]}
+    results["batching_gain"] = round(b[top]["images_per_s"] / u[top]["images_per_s"], 2)
+    results["p99_ms_batched"] = b[top]["p99_ms"]
+    results["replica_gain"] = round(
+        results["replicas"]["2"]["images_per_s"] / results["replicas"]["1"]["images_per_s"], 2
+    )
+    results["cpu_count"] = os.cpu_count()
+    return results
