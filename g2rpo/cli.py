@@ -280,7 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
     rb.add_argument("--json", action="store_true")
     rb.add_argument("--scorer", default="shapes_clip")
     rb.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
-    rb.add_argument("--images-per-request", type=int, default=8)
+    rb.add_argument(
+        "--images-per-request",
+        type=int,
+        default=32,
+        help="images per request (a rollout worker sends G·K·|granularities| per prompt: 192 "
+        "in the paper's setting)",
+    )
     rb.set_defaults(func=_cmd_bench_reward)
 
     config = sub.add_parser("config", help="configuration tools")

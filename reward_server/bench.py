@@ -6,63 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 
-import httpx
 import numpy as np
 
 from .client import RewardClient
+from .process import RewardServerProcess
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Server:
-    def __init__(self, scorer: str, max_batch: int, threads: int) -> None:
-        exe = shutil.which("g2rpo") or os.path.join(os.path.dirname(sys.executable), "g2rpo")
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        self.proc = subprocess.Popen(
-            [
-                exe,
-                "reward-server",
-                "--scorers",
-                scorer,
-                "--port",
-                str(self.port),
-                "--max-batch",
-                str(max_batch),
-                "--max-wait-ms",
-                "10",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"reward server for {scorer!r} exited at start")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("reward server did not become ready")
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=30)
+def _server(scorer: str, max_batch: int, threads: int) -> RewardServerProcess:
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return RewardServerProcess(
+        "--scorers",
+        scorer,
+        "--max-batch",
+        str(max_batch),
+        "--max-wait-ms",
+        "10",
+        env=env,
+        quiet=True,
+    )
 
 
 def _load(
@@ -122,7 +85,7 @@ def bench_reward(
     }
     threads = max(1, (os.cpu_count() or 2))
     for key, max_batch in (("batched", 64), ("unbatched", 1)):
-        server = _Server(scorer, max_batch, threads)
+        server = _server(scorer, max_batch, threads)
         try:
             with RewardClient([server.url], deadline_s=120) as client:
                 _load(client, scorer, 4, 1.0, per_request, seed)  # warm-up
@@ -132,7 +95,7 @@ def bench_reward(
             server.stop()
     top = max(clients)
     for replicas in (1, 2):
-        servers = [_Server(scorer, 64, max(1, threads // replicas)) for _ in range(replicas)]
+        servers = [_server(scorer, 64, max(1, threads // replicas)) for _ in range(replicas)]
         try:
             with RewardClient([s.url for s in servers], deadline_s=120) as client:
                 _load(client, scorer, 4, 1.0, per_request, seed)

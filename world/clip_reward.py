@@ -8,7 +8,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..common.shapes import all_combinations, render_batch
-from .text import MAX_TOKENS, TEXT_DIM
+from .text import MAX_TOKENS, TEXT_DIM, clip_text_kwargs
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -18,17 +18,7 @@ def build_clip_reward(vocab_size: int, image_size: int = 32, seed: int = 0):
     from transformers import CLIPConfig, CLIPModel
 
     torch.manual_seed(seed)
-    text = dict(
-        vocab_size=vocab_size,
-        hidden_size=TEXT_DIM,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=MAX_TOKENS,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=1,
-    )
+    text = clip_text_kwargs(vocab_size)
     vision = dict(
         hidden_size=TEXT_DIM,
         intermediate_size=128,

@@ -40,27 +40,29 @@ def build_t5_tokenizer():
     return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=MAX_TOKENS)
 
 
+def clip_text_kwargs(vocab_size: int) -> dict:
+    """The tiny CLIP text tower shared by the flow model's encoder and shapes_clip."""
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=TEXT_DIM,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=MAX_TOKENS,
+        # eos must not be 2: transformers then pools at the argmax token id (legacy path)
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+
+
 def build_text_encoders(clip_vocab: int, t5_vocab: int, seed: int = 0):
     """Tiny CLIPTextModel (pooled output) and T5EncoderModel (sequence), random init."""
     import torch
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
     torch.manual_seed(seed)
-    clip = CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=clip_vocab,
-            hidden_size=TEXT_DIM,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=MAX_TOKENS,
-            # eos must not be 2: transformers then pools at the argmax token id (legacy path)
-            bos_token_id=0,
-            eos_token_id=1,
-            pad_token_id=1,
-            projection_dim=TEXT_DIM,
-        )
-    )
+    clip = CLIPTextModel(CLIPTextConfig(**clip_text_kwargs(clip_vocab), projection_dim=TEXT_DIM))
     t5 = T5EncoderModel(
         T5Config(
             vocab_size=t5_vocab,
