@@ -135,6 +135,31 @@ class RunConfig(_Strict):
     output_dir: str = "runs"
 
 
+class RewardServiceConfig(_Strict):
+    urls: list[str] = Field(default_factory=list, description="static replica URLs")
+    redis_url: str | None = Field(None, description="discover replicas in this Redis")
+    start_local: bool = Field(True, description="start a local server when no URL/Redis given")
+    scorers: list[str] = Field(default_factory=list, description="for the local server")
+    token_env: str | None = None
+    deadline_s: float = Field(300.0, gt=0)
+
+
+class TrainConfig(_Strict):
+    workers: int = Field(1, ge=1, description="rollout worker actors")
+    worker_num_gpus: float = Field(0.0, ge=0)
+    learner_num_gpus: float = Field(0.0, ge=0)
+    worker_threads: int = Field(1, ge=1, description="torch threads per actor (CPU)")
+    image_size: int = Field(512, ge=16)
+    max_sequence_length: int = Field(512, ge=1)
+    prompts: str = Field("shapes:train", description="'shapes:train' or a text file")
+    eval_prompts: str = Field("shapes:held_out")
+    eval_every: int = Field(5, ge=1)
+    eval_samples: int = Field(40, ge=1)
+    checkpoint_every: int = Field(5, ge=1)
+    staleness: int = Field(0, ge=0, description="max weight versions a trajectory may lag")
+    reward: RewardServiceConfig = Field(default_factory=RewardServiceConfig)
+
+
 class G2RPOConfig(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -142,6 +167,7 @@ class G2RPOConfig(_Strict):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="shapes_clip")])
     run: RunConfig = Field(default_factory=RunConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
 
     @field_validator("rewards")
     @classmethod

@@ -85,6 +85,35 @@ def _cmd_bench_reward(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from g2rpo.learner.driver import read_metrics, train
+
+    if args.config is None and args.resume is None:
+        raise ValueError("give --config FILE (e.g. configs/tiny.yaml) or --resume RUN_DIR")
+    try:
+        run_dir = train(
+            args.config,
+            args.set,
+            resume=args.resume,
+            redis_url=args.redis_url,
+            progress=not args.no_progress,
+            max_iterations=args.max_iterations,
+        )
+    except KeyboardInterrupt:
+        return 130
+    rows = read_metrics(run_dir)
+    evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    print(f"run {run_dir}: {len(rows)} iterations in metrics.jsonl")
+    if evals:
+        keys = [k for k in evals[0] if k.startswith("eval/")]
+        for k in keys:
+            print(
+                f"  {k}: {evals[0][k]:.4f} (it {evals[0]['iteration']}) -> "
+                f"{evals[-1][k]:.4f} (it {evals[-1]['iteration']})"
+            )
+    return 0
+
+
 def _cmd_config_show(args: argparse.Namespace) -> int:
     from g2rpo.common.config import dump_config, load_config
 
@@ -288,6 +317,15 @@ def build_parser() -> argparse.ArgumentParser:
         "in the paper's setting)",
     )
     rb.set_defaults(func=_cmd_bench_reward)
+
+    tr = sub.add_parser("train", help="run G²RPO (or a baseline) on Ray")
+    tr.add_argument("--config", default=None, help="YAML config (e.g. configs/tiny.yaml)")
+    tr.add_argument("--set", action="append", default=[], metavar="a.b=c")
+    tr.add_argument("--resume", default=None, help="continue runs/<name> from its checkpoint")
+    tr.add_argument("--redis-url", default=None, help="find reward servers in this Redis")
+    tr.add_argument("--max-iterations", type=int, default=None, help="stop after this many")
+    tr.add_argument("--no-progress", action="store_true")
+    tr.set_defaults(func=_cmd_train)
 
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_cmd", required=True, metavar="WHAT")

@@ -1,0 +1,283 @@
+"""``g2rpo train``: the thin driver loop. Rollout workers and the learner are Ray
+actors; rewards come from reward-server replicas (started locally when none are
+configured). Everything an iteration draws is a pure function of (seed,
+iteration, worker), so a redone rollout or a resumed run reproduces itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+from tqdm.auto import tqdm
+
+from ..common.config import G2RPOConfig, dump_config, load_config
+from ..common.shapes import split_combinations
+from .actors import Learner, RolloutWorker
+
+CKPT = "checkpoints"
+
+
+def _prompts(spec: str) -> list[str]:
+    if spec in ("shapes:train", "shapes:held_out"):
+        train, held = split_combinations(0, 40)
+        return [s.prompt for s in (train if spec == "shapes:train" else held)]
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"train.prompts: {spec!r} is neither shapes:train/held_out nor a file")
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError(f"train.prompts: {spec} holds no prompts")
+    return lines
+
+
+def prompts_for(all_prompts: list[str], seed: int, iteration: int, count: int) -> list[str]:
+    """The iteration's prompts: a seeded draw without replacement (stateless sampler)."""
+    rng = np.random.default_rng([seed, iteration, 7])
+    replace = count > len(all_prompts)
+    return [all_prompts[i] for i in rng.choice(len(all_prompts), count, replace=replace)]
+
+
+def _latest_checkpoint(run_dir: Path) -> Path | None:
+    ckpts = sorted((run_dir / CKPT).glob("it_*.pt"))
+    return ckpts[-1] if ckpts else None
+
+
+class _Rewards:
+    """Where rewards come from: configured replicas, Redis discovery, or a local server."""
+
+    def __init__(self, cfg: G2RPOConfig, redis_url: str | None) -> None:
+        r = cfg.train.reward
+        self.urls, self.redis_url = list(r.urls), redis_url or r.redis_url
+        self.token = os.environ.get(r.token_env) if r.token_env else None
+        self.scorers = list(dict.fromkeys([x.name for x in cfg.rewards] + list(r.scorers)))
+        self.server = None
+        if not self.urls and not self.redis_url:
+            if not r.start_local:
+                raise ValueError("train.reward: give urls or redis_url, or set start_local")
+            from ..reward_server.process import RewardServerProcess
+
+            self.server = RewardServerProcess("--scorers", ",".join(self.scorers), quiet=True)
+            self.urls = [self.server.url]
+
+    def args(self):
+        return self.urls, self.redis_url, self.token, self.scorers
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def _get_with_retry(make_call, workers, index: int, attempts: int = 3):
+    """Run a worker call; if the actor died, wait for Ray to restart it and redo it."""
+    for attempt in range(attempts):
+        try:
+            return ray.get(make_call(workers[index]))
+        except ray.exceptions.RayActorError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
+def _redo(version, ref, checksum, iteration, prompts, reward_args):
+    """A rollout call for a (possibly restarted) actor: reload the weights, then redo."""
+
+    def call(worker):
+        ray.get(worker.load_weights.remote(version, ref, checksum))
+        return worker.rollout.remote(iteration, prompts, *reward_args)
+
+    return call
+
+
+def _summarise(batches, stats: dict, cfg: G2RPOConfig) -> dict:
+    out: dict = {}
+    for name in batches[0].leaf_rewards:
+        train_vals, anchor_vals, per_g = [], [], {}
+        for b in batches:
+            r = b.leaf_rewards[name]
+            kind = "branch" if b.plan.algorithm == "g2rpo" else "sample"
+            grid = b.plan.gather(r, kind)
+            train_vals.append(grid.flatten())
+            anchor_vals.append(b.plan.gather(r, "anchor"))
+            if kind == "branch":
+                for gi, g in enumerate(b.plan.granularities):
+                    per_g.setdefault(str(g), []).append(grid[:, :, gi].flatten())
+        out[f"reward/{name}"] = float(torch_cat(train_vals).mean())
+        out[f"anchor_reward/{name}"] = float(torch_cat(anchor_vals).mean())
+        for g, vals in per_g.items():
+            out[f"reward/{name}/g{g}"] = float(torch_cat(vals).mean())
+    out.update({k: v for k, v in stats.items()})
+    out["nfe"] = sum(b.nfe for b in batches)
+    out["model_calls"] = sum(b.model_calls for b in batches)
+    out["weight_versions"] = sorted({b.version for b in batches})
+    return out
+
+
+def torch_cat(tensors):
+    import torch
+
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def train(
+    config: str | Path | None,
+    overrides: list[str],
+    *,
+    resume: str | Path | None = None,
+    redis_url: str | None = None,
+    progress: bool = True,
+    max_iterations: int | None = None,
+) -> Path:
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise ValueError(f"--resume {run_dir}: no config.yaml there (not a run directory)")
+        cfg = load_config(run_dir / "config.yaml", overrides)
+    else:
+        cfg = load_config(config, overrides)
+        run_dir = Path(cfg.run.output_dir) / cfg.run.name
+        if (run_dir / "metrics.jsonl").exists():
+            raise ValueError(
+                f"{run_dir} already holds a run: pass --resume {run_dir} or another run.name"
+            )
+        (run_dir / CKPT).mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
+    train_prompts, eval_prompts = _prompts(cfg.train.prompts), _prompts(cfg.train.eval_prompts)
+    eval_prompts = eval_prompts[: cfg.train.eval_samples]
+
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address="auto", log_to_driver=False)
+        else:
+            ray.init(
+                num_cpus=max(2, cfg.train.workers + 1),
+                include_dashboard=False,
+                log_to_driver=False,
+                object_store_memory=512 * 2**20,
+            )
+    rewards = _Rewards(cfg, redis_url)
+    cfg_dict = cfg.model_dump(mode="json")
+    learner = Learner.options(num_gpus=cfg.train.learner_num_gpus).remote(cfg_dict)
+    workers = [
+        RolloutWorker.options(num_gpus=cfg.train.worker_num_gpus).remote(cfg_dict, i)
+        for i in range(cfg.train.workers)
+    ]
+    start = 0
+    metrics_path = run_dir / "metrics.jsonl"
+    if resume is not None:
+        ckpt = _latest_checkpoint(run_dir)
+        if ckpt is not None:
+            start = ray.get(learner.load.remote(str(ckpt)))
+        kept = [
+            ln
+            for ln in (metrics_path.read_text().splitlines() if metrics_path.exists() else [])
+            if json.loads(ln)["iteration"] < start
+        ]
+        metrics_path.write_text("".join(ln + "\n" for ln in kept))
+    end = (
+        cfg.run.iterations
+        if max_iterations is None
+        else min(cfg.run.iterations, start + max_iterations)
+    )
+    P = cfg.sampling.prompts_per_worker
+    bar = tqdm(
+        range(start, end),
+        desc=f"train {cfg.run.name}",
+        disable=not progress,
+        initial=start,
+        total=cfg.run.iterations,
+    )
+    done = start
+    try:
+        for it in bar:
+            t0 = time.perf_counter()
+            version, (ref,), checksum = ray.get(learner.publish.remote())
+            loaded = ray.get([w.load_weights.remote(version, ref, checksum) for w in workers])
+            for i, got in enumerate(loaded):
+                if got != (version, checksum):
+                    raise RuntimeError(f"worker {i} loaded {got}, expected {(version, checksum)}")
+            t1 = time.perf_counter()
+            row: dict = {"iteration": it, "version": version}
+            if it % cfg.train.eval_every == 0 or it == end - 1:
+                images, scores = _get_with_retry(
+                    lambda w: w.evaluate.remote(
+                        eval_prompts, cfg.run.seed + 10_000, *rewards.args()
+                    ),
+                    workers,
+                    0,
+                )
+                for name, vals in scores.items():
+                    row[f"eval/{name}"] = float(np.mean(vals))
+                if it % cfg.train.checkpoint_every == 0 or it == end - 1:
+                    _grid(run_dir / "samples" / f"it_{it:05d}.png", images, eval_prompts)
+            t2 = time.perf_counter()
+            prompts = prompts_for(train_prompts, cfg.run.seed, it, P * len(workers))
+            shares = [prompts[i * P : (i + 1) * P] for i in range(len(workers))]
+            refs = [
+                w.rollout.remote(it, sh, *rewards.args())
+                for w, sh in zip(workers, shares, strict=True)
+            ]
+            results = []
+            for i, r in enumerate(refs):
+                try:
+                    results.append(ray.get(r))
+                except ray.exceptions.RayActorError:  # Ray restarts the actor; redo its share
+                    redo = _redo(version, ref, checksum, it, shares[i], rewards.args())
+                    results.append(_get_with_retry(redo, workers, i))
+            t3 = time.perf_counter()
+            stats = ray.get(learner.update.remote(*results))
+            t4 = time.perf_counter()
+            row.update(_summarise(results, stats, cfg))
+            row["time/weight_push_s"] = t1 - t0
+            row["time/eval_s"] = t2 - t1
+            row["time/rollout_s"] = max(b.timings["rollout_s"] for b in results)
+            row["time/reward_s"] = max(b.timings["reward_s"] for b in results)
+            row["time/rollout_and_reward_s"] = t3 - t2
+            row["time/learn_s"] = t4 - t3
+            row["time/iteration_s"] = t4 - t0
+            with metrics_path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            done = it + 1
+            if done % cfg.train.checkpoint_every == 0 or done == end:
+                ray.get(learner.save.remote(str(run_dir / CKPT / f"it_{done:05d}.pt")))
+            main = cfg.rewards[0].name
+            bar.set_postfix(
+                reward=f"{row[f'reward/{main}']:.3f}",
+                loss=f"{row['loss']:.2e}",
+                it_s=f"{row['time/iteration_s']:.1f}",
+            )
+    except KeyboardInterrupt:
+        ray.get(learner.save.remote(str(run_dir / CKPT / f"it_{done:05d}.pt")))
+        print(
+            f"\ninterrupted after iteration {done}; resume with: g2rpo train --resume {run_dir}",
+            file=sys.stderr,
+        )
+        raise
+    finally:
+        rewards.close()
+    return run_dir
+
+
+def _grid(path: Path, images: np.ndarray, prompts: list[str], per_row: int = 8) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = min(len(images), 32)
+    h, w = images.shape[1:3]
+    rows = (n + per_row - 1) // per_row
+    grid = Image.new("RGB", (per_row * (w * 3 + 2), rows * (h * 3 + 2)), "white")
+    for i in range(n):
+        tile = Image.fromarray(images[i]).resize((w * 3, h * 3), Image.NEAREST)
+        grid.paste(tile, ((i % per_row) * (w * 3 + 2), (i // per_row) * (h * 3 + 2)))
+    grid.save(path)
+    (path.with_suffix(".txt")).write_text("\n".join(prompts[:n]) + "\n")
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]

@@ -1,0 +1,145 @@
+"""The learner's job, without Ray: fuse advantages over a whole iteration's
+trajectories, run the GRPO update, version and checksum the weights, checkpoint."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..common.config import G2RPOConfig
+from ..common.flux import FluxVelocity
+from ..common.schedules import sampling_grid
+from ..rollout_worker.engine import Transitions
+from ..rollout_worker.worker import Trajectories, resolve_path, seed_for, weights_checksum
+from .advantages import plan_advantages
+from .grpo import StepSpec, grpo_update
+
+
+class StaleTrajectories(RuntimeError):
+    """Trajectories sampled with weights older than the staleness bound allows."""
+
+
+def merge(batches: list[Trajectories]) -> tuple[Transitions, dict[str, torch.Tensor]]:
+    """Concatenate workers' transitions, re-indexing states, prompts and advantage slots."""
+    parts, conds = [], []
+    s_off = p_off = a_off = 0
+    for b in batches:
+        t = b.transitions
+        parts.append(
+            Transitions(
+                states=t.states,
+                state_step=t.state_step,
+                state_prompt=t.state_prompt + p_off,
+                next_samples=t.next_samples,
+                next_step=t.next_step,
+                old_log_probs=t.old_log_probs,
+                state_index=t.state_index + s_off,
+                adv_slot=t.adv_slot + a_off,
+            )
+        )
+        conds.append(b.cond)
+        s_off += t.states.shape[0]
+        p_off += b.plan.num_prompts
+        a_off += int(np.prod(b.plan.adv_shape))
+    merged = Transitions(
+        **{f: torch.cat([getattr(p, f) for p in parts]) for f in Transitions.__dataclass_fields__}
+    )
+    cond = {k: torch.cat([c[k] for c in conds]) for k in conds[0]}
+    return merged, cond
+
+
+class LearnerCore:
+    def __init__(self, cfg: G2RPOConfig) -> None:
+        from diffusers import FluxTransformer2DModel
+
+        torch.set_num_threads(cfg.train.worker_threads)
+        self.cfg = cfg
+        path = resolve_path(cfg.model.pretrained)
+        self.transformer = FluxTransformer2DModel.from_pretrained(
+            path, subfolder="transformer", local_files_only=True
+        ).to(cfg.model.device)
+        self.transformer.train()
+        vae_blocks = 3  # latent side = image / 2**(blocks-1); read from the VAE config
+        try:
+            import json
+
+            vcfg = json.loads((path / "vae" / "config.json").read_text())
+            vae_blocks = len(vcfg["block_out_channels"])
+        except (OSError, KeyError, ValueError):
+            pass
+        side = cfg.train.image_size // 2 ** (vae_blocks - 1)
+        self.velocity = FluxVelocity(self.transformer, side, side, guidance=cfg.model.guidance)
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            self.transformer.parameters(),
+            lr=o.lr,
+            betas=o.betas,
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+        )
+        sde_type = "dance" if cfg.algorithm.name == "dancegrpo" else "flow"
+        grid = sampling_grid(
+            cfg.sampling.num_steps, cfg.sampling.shift, cfg.model.quantize_timestep
+        )
+        self.spec = StepSpec(grid=grid, eta=cfg.sampling.eta, sde_type=sde_type)
+        self.version = 0
+        self.iteration = 0
+
+    def weights(self) -> tuple[int, dict[str, torch.Tensor], str]:
+        state = {k: v.detach().cpu().clone() for k, v in self.transformer.state_dict().items()}
+        return self.version, state, weights_checksum(state)
+
+    def update(self, batches: list[Trajectories]) -> dict:
+        bound = self.cfg.train.staleness
+        for b in batches:
+            if self.version - b.version > bound:
+                raise StaleTrajectories(
+                    f"worker {b.worker} sampled iteration {b.iteration} with weights v{b.version}; "
+                    f"the learner is at v{self.version} and accepts lag <= {bound}"
+                )
+        weights = self.cfg.reward_weights()
+        control = torch.Generator().manual_seed(seed_for(self.cfg.run.seed, self.iteration, 0, 1))
+        advs = [
+            plan_advantages(b.plan, {n: b.leaf_rewards[n] for n in weights}, self.cfg, control)
+            for b in batches
+        ]
+        transitions, cond = merge(batches)
+        adv = torch.cat(advs)
+        o = self.cfg.optim
+        stats = grpo_update(
+            self.velocity,
+            list(self.transformer.parameters()),
+            self.optimizer,
+            transitions,
+            adv,
+            cond,
+            self.spec,
+            clip_range=o.clip_range,
+            max_grad_norm=o.max_grad_norm,
+            step_mode=o.step_mode,
+            samples_per_step=o.samples_per_step,
+        ).as_dict()
+        self.version += 1
+        self.iteration += 1
+        stats.update(
+            {
+                "adv_abs_mean": float(adv.abs().mean()),
+                "adv_std": float(adv.std()),
+                "adv_clipped_frac": float((adv.abs() >= o.adv_clip).double().mean()),
+            }
+        )
+        return stats
+
+    def state_dict(self) -> dict:
+        return {
+            "transformer": self.transformer.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "iteration": self.iteration,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.transformer.load_state_dict(state["transformer"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = state["version"]
+        self.iteration = state["iteration"]

@@ -1,0 +1,175 @@
+"""One rollout worker's job, without Ray: load the pipeline, take a weight version,
+roll out its prompts, decode, score through the reward service, return trajectories."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..common.config import G2RPOConfig
+from ..common.flux_pipeline import FluxComponents
+from ..common.schedules import sampling_grid
+from ..reward_server.client import RewardClient
+from .engine import RolloutEngine, Transitions, draw_noise
+from .plan import RolloutPlan, anchor_plan, plan_for
+
+
+class WeightMismatch(RuntimeError):
+    """Published weights whose checksum does not match what arrived."""
+
+
+def weights_checksum(state: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(name.encode())
+        h.update(state[name].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def resolve_path(path: str) -> Path:
+    """Relative model paths resolve against the working dir, then the repository."""
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        return p
+    repo = Path(__file__).resolve().parents[1] / p
+    return repo if repo.exists() else p
+
+
+def seed_for(seed: int, iteration: int, worker: int, stream: int = 0) -> int:
+    """Seeds are pure functions of (run seed, iteration, worker): a redone rollout, a
+    restarted actor and a resumed run all draw the same noise."""
+    return int(np.random.SeedSequence([seed, iteration, worker, stream]).generate_state(1)[0])
+
+
+@dataclass
+class Trajectories:
+    worker: int
+    iteration: int
+    version: int
+    prompts: list[str]
+    plan: RolloutPlan
+    transitions: Transitions
+    cond: dict[str, torch.Tensor]
+    leaf_rewards: dict[str, torch.Tensor]
+    nfe: int
+    model_calls: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class RolloutWorkerCore:
+    def __init__(self, cfg: G2RPOConfig, worker: int) -> None:
+        torch.set_num_threads(cfg.train.worker_threads)
+        self.cfg, self.worker = cfg, worker
+        if cfg.model.pretrained is None:
+            raise ValueError("model.pretrained: a local pipeline directory is needed for training")
+        self.comps = FluxComponents.load(
+            resolve_path(cfg.model.pretrained), device=cfg.model.device
+        )
+        self.comps.transformer.eval()
+        size = cfg.train.image_size
+        self.model = self.comps.velocity_model(size, size, guidance=cfg.model.guidance)
+        self.grid = sampling_grid(
+            cfg.sampling.num_steps, cfg.sampling.shift, cfg.model.quantize_timestep
+        )
+        self.version, self.checksum = 0, None
+        self.client: RewardClient | None = None
+        self.client_urls: tuple = ()
+
+    def load_weights(self, version: int, state: dict, checksum: str) -> tuple[int, str]:
+        got = weights_checksum(state)
+        if got != checksum:
+            raise WeightMismatch(f"weights v{version}: checksum {got} != published {checksum}")
+        self.comps.transformer.load_state_dict(state)
+        self.version, self.checksum = version, checksum
+        return version, checksum
+
+    def _reward_client(self, urls: list[str], redis_url: str | None, token: str | None):
+        key = (tuple(urls), redis_url)
+        if self.client is None or key != self.client_urls:
+            if self.client is not None:
+                self.client.close()
+            self.client = RewardClient(
+                urls or None,
+                redis_url=redis_url,
+                token=token,
+                deadline_s=self.cfg.train.reward.deadline_s,
+            )
+            self.client_urls = key
+        return self.client
+
+    @torch.no_grad()
+    def _sample(self, plan: RolloutPlan, prompts: list[str], gen: torch.Generator):
+        cond = self.comps.encode_prompts(prompts, self.cfg.train.max_sequence_length)
+        size = self.cfg.train.image_size
+        h, w = self.comps.latent_size(size, size)
+        shape = ((h // 2) * (w // 2), self.comps.transformer.config.in_channels)
+        init, sde = draw_noise(plan, shape, gen)
+        engine = RolloutEngine(self.model, self.grid, max_batch=self.cfg.sampling.max_batch)
+        result = engine.run(plan, cond, init, sde)
+        images = self.comps.decode(result.leaf_latents, size, size)
+        return cond, result, images
+
+    def rollout(
+        self,
+        iteration: int,
+        prompts: list[str],
+        reward_urls: list[str],
+        redis_url: str | None = None,
+        token: str | None = None,
+        scorers: list[str] | None = None,
+    ) -> Trajectories:
+        t0 = time.perf_counter()
+        gen = torch.Generator().manual_seed(seed_for(self.cfg.run.seed, iteration, self.worker))
+        plan = plan_for(self.cfg, iteration, gen)
+        if plan.num_prompts != len(prompts):
+            raise ValueError(
+                f"worker {self.worker}: got {len(prompts)} prompts, plan needs {plan.num_prompts}"
+            )
+        cond, result, images = self._sample(plan, prompts, gen)
+        t1 = time.perf_counter()
+        names = scorers or [r.name for r in self.cfg.rewards]
+        client = self._reward_client(reward_urls, redis_url, token)
+        leaf_prompts = [prompts[leaf.prompt] for leaf in plan.leaves]
+        response = client.score(
+            images.numpy(), leaf_prompts, names, request_id=f"it{iteration}-w{self.worker}"
+        )
+        t2 = time.perf_counter()
+        return Trajectories(
+            worker=self.worker,
+            iteration=iteration,
+            version=self.version,
+            prompts=list(prompts),
+            plan=plan,
+            transitions=result.transitions,
+            cond=cond,
+            leaf_rewards={
+                n: torch.tensor(v, dtype=torch.float32) for n, v in response.scores.items()
+            },
+            nfe=result.nfe,
+            model_calls=result.model_calls,
+            timings={"rollout_s": t1 - t0, "reward_s": t2 - t1},
+        )
+
+    def evaluate(
+        self,
+        prompts: list[str],
+        seed: int,
+        reward_urls: list[str],
+        redis_url: str | None = None,
+        token: str | None = None,
+        scorers: list[str] | None = None,
+    ) -> tuple[np.ndarray, dict[str, list[float]]]:
+        """Deterministic anchor samples of fixed prompts with fixed noise, scored."""
+        gen = torch.Generator().manual_seed(seed)
+        _, _, images = self._sample(
+            anchor_plan(len(prompts), self.cfg.sampling.num_steps), prompts, gen
+        )
+        client = self._reward_client(reward_urls, redis_url, token)
+        names = scorers or [r.name for r in self.cfg.rewards]
+        response = client.score(images.numpy(), prompts, names)
+        return images.numpy(), response.scores
