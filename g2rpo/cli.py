@@ -86,6 +86,10 @@ def _cmd_bench_reward(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    import os
+
+    if not os.environ.get("RAY_ADDRESS"):  # before ray is imported: a local cluster, no token
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from g2rpo.learner.driver import read_metrics, train
 
     if args.config is None and args.resume is None:

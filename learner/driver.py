@@ -54,14 +54,19 @@ class _Rewards:
         r = cfg.train.reward
         self.urls, self.redis_url = list(r.urls), redis_url or r.redis_url
         self.token = os.environ.get(r.token_env) if r.token_env else None
-        self.scorers = list(dict.fromkeys([x.name for x in cfg.rewards] + list(r.scorers)))
+        specs: dict[str, str] = {}  # name -> "name" or "name=local_dir" for a local server
+        for entry in [x.name for x in cfg.rewards] + list(r.scorers):
+            name, _, path = entry.partition("=")
+            if path or name not in specs:
+                specs[name] = entry
+        self.scorers = list(specs)
         self.server = None
         if not self.urls and not self.redis_url:
             if not r.start_local:
                 raise ValueError("train.reward: give urls or redis_url, or set start_local")
             from ..reward_server.process import RewardServerProcess
 
-            self.server = RewardServerProcess("--scorers", ",".join(self.scorers), quiet=True)
+            self.server = RewardServerProcess("--scorers", ",".join(specs.values()), quiet=True)
             self.urls = [self.server.url]
 
     def args(self):

@@ -1,0 +1,113 @@
+"""Training on a real local Ray with a real reward-server process, on the quick world."""
+
+import os
+
+import pytest
+import ray
+from g2rpo.learner.driver import read_metrics, train
+from g2rpo.learner.trainer import LearnerCore, StaleTrajectories
+from g2rpo.rollout_worker.worker import RolloutWorkerCore, WeightMismatch
+from test_world import quick_world  # noqa: F401  (module fixture: pretrain --quick)
+
+SMALL = [
+    "sampling.num_steps=6",
+    "sampling.sde_steps=[0,1]",
+    "sampling.granularities=[1,2]",
+    "sampling.group_size=4",
+    "sampling.prompts_per_worker=2",
+    "train.workers=2",
+    "train.image_size=32",
+    "train.max_sequence_length=16",
+    "train.eval_every=1",
+    "train.eval_samples=8",
+    "train.checkpoint_every=1",
+    "optim.lr=1e-4",
+    "rewards=[{name: shapes_clip}]",
+]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(
+        num_cpus=3, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20
+    )
+    yield
+    ray.shutdown()
+
+
+def _run(world, out, name, iterations, **kw):
+    over = [
+        *SMALL,
+        f"model.pretrained={world / 'pipeline'}",
+        f"run.output_dir={out}",
+        f"run.name={name}",
+        f"run.iterations={iterations}",
+        # the local reward server scores with this world's shapes_clip
+        f"train.reward.scorers=[shapes_clip={world / 'shapes_clip'}]",
+    ]
+    return train(None, over, progress=False, **kw)
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def test_two_iterations_with_two_workers(ray_local, quick_world, tmp_path):  # noqa: F811
+    run = _run(quick_world, tmp_path, "two", 2)
+    rows = read_metrics(run)
+    assert [r["iteration"] for r in rows] == [0, 1]
+    assert [r["version"] for r in rows] == [0, 1] and rows[1]["weight_versions"] == [1]
+    for r in rows:
+        assert r["transitions"] == 2 * 2 * 2 * 4  # workers · prompts · K · G
+        assert r["optimizer_steps"] == 2 and 0 <= r["clip_fraction"] <= 1
+        for key in ("rollout_s", "reward_s", "learn_s", "weight_push_s", "iteration_s"):
+            assert r[f"time/{key}"] >= 0
+        assert "reward/shapes_clip/g1" in r and "eval/shapes_clip" in r
+    assert (run / "checkpoints" / "it_00002.pt").is_file()
+    assert list((run / "samples").glob("*.png"))
+    cfg = (run / "config.yaml").read_text()
+    assert "workers: 2" in cfg
+
+
+def test_resume_reproduces_the_uninterrupted_run(ray_local, quick_world, tmp_path):  # noqa: F811
+    full = _strip(read_metrics(_run(quick_world, tmp_path, "full", 3)))
+    part = _run(quick_world, tmp_path, "part", 3, max_iterations=2)
+    assert len(read_metrics(part)) == 2
+    train(None, [], resume=part, progress=False)
+    resumed = _strip(read_metrics(part))
+    assert [r["iteration"] for r in resumed] == [0, 1, 2]
+    assert resumed == full
+
+
+def test_stale_trajectories_and_bad_weights_are_refused(quick_world):  # noqa: F811
+    from g2rpo.common.config import load_config
+
+    cfg = load_config(
+        None, [*SMALL, f"model.pretrained={quick_world / 'pipeline'}", "train.workers=1"]
+    )
+    learner = LearnerCore(cfg)
+    worker = RolloutWorkerCore(cfg, 0)
+    version, state, checksum = learner.weights()
+    bad = {k: v.clone() for k, v in state.items()}
+    next(iter(bad.values())).add_(1.0)
+    with pytest.raises(WeightMismatch, match="checksum"):
+        worker.load_weights(version, bad, checksum)
+    assert worker.load_weights(version, state, checksum) == (version, checksum)
+    learner.version = 3  # the learner moved on; the worker is still on v0
+    from g2rpo.rollout_worker.worker import Trajectories
+
+    stale = Trajectories(
+        worker=0,
+        iteration=0,
+        version=0,
+        prompts=[],
+        plan=None,
+        transitions=None,
+        cond={},
+        leaf_rewards={},
+        nfe=0,
+        model_calls=0,
+    )
+    with pytest.raises(StaleTrajectories, match="v0"):
+        learner.update([stale])
