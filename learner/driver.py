@@ -89,6 +89,22 @@ def _get_with_retry(make_call, workers, index: int, attempts: int = 3):
     raise AssertionError("unreachable")
 
 
+def _load_call(version, ref, checksum):
+    def call(worker):
+        return worker.load_weights.remote(version, ref, checksum)
+
+    return call
+
+
+def _record_actors(run_dir: Path, workers) -> None:
+    """The rollout actors' process ids (for operators, and for the fault tests)."""
+    try:
+        pids = ray.get([w.pid.remote() for w in workers], timeout=30)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return
+    (run_dir / "actors.json").write_text(json.dumps({"rollout_workers": pids}) + "\n")
+
+
 def _redo(version, ref, checksum, iteration, prompts, reward_args):
     """A rollout call for a (possibly restarted) actor: reload the weights, then redo."""
 
@@ -202,7 +218,15 @@ def train(
         for it in bar:
             t0 = time.perf_counter()
             version, (ref,), checksum = ray.get(learner.publish.remote())
-            loaded = ray.get([w.load_weights.remote(version, ref, checksum) for w in workers])
+            loaded = []
+            for i, pending in enumerate(
+                [w.load_weights.remote(version, ref, checksum) for w in workers]
+            ):
+                try:
+                    loaded.append(ray.get(pending))
+                except ray.exceptions.RayActorError:  # restarted by Ray: load again
+                    loaded.append(_get_with_retry(_load_call(version, ref, checksum), workers, i))
+            _record_actors(run_dir, workers)
             for i, got in enumerate(loaded):
                 if got != (version, checksum):
                     raise RuntimeError(f"worker {i} loaded {got}, expected {(version, checksum)}")

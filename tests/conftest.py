@@ -53,3 +53,34 @@ def flux_cond(num_prompts: int, seed: int = 1) -> dict[str, torch.Tensor]:
         "encoder_hidden_states": torch.randn(num_prompts, 5, 32, generator=g),
         "pooled_projections": torch.randn(num_prompts, 32, generator=g),
     }
+
+
+@pytest.fixture(scope="session")
+def quick_world(tmp_path_factory):
+    """`g2rpo pretrain --quick` run once per session as a real process (about a minute)."""
+    import subprocess
+
+    from g2rpo.reward_server.process import g2rpo_executable
+
+    out = tmp_path_factory.mktemp("world") / "w"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    res = subprocess.run(
+        [
+            g2rpo_executable(),
+            "pretrain",
+            "--quick",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--threads",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "wrote" in res.stdout
+    return out

@@ -7,7 +7,6 @@ import ray
 from g2rpo.learner.driver import read_metrics, train
 from g2rpo.learner.trainer import LearnerCore, StaleTrajectories
 from g2rpo.rollout_worker.worker import RolloutWorkerCore, WeightMismatch
-from test_world import quick_world  # noqa: F401  (module fixture: pretrain --quick)
 
 SMALL = [
     "sampling.num_steps=6",
@@ -53,7 +52,7 @@ def _strip(rows):
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
-def test_two_iterations_with_two_workers(ray_local, quick_world, tmp_path):  # noqa: F811
+def test_two_iterations_with_two_workers(ray_local, quick_world, tmp_path):
     run = _run(quick_world, tmp_path, "two", 2)
     rows = read_metrics(run)
     assert [r["iteration"] for r in rows] == [0, 1]
@@ -70,7 +69,7 @@ def test_two_iterations_with_two_workers(ray_local, quick_world, tmp_path):  # n
     assert "workers: 2" in cfg
 
 
-def test_resume_reproduces_the_uninterrupted_run(ray_local, quick_world, tmp_path):  # noqa: F811
+def test_resume_reproduces_the_uninterrupted_run(ray_local, quick_world, tmp_path):
     full = _strip(read_metrics(_run(quick_world, tmp_path, "full", 3)))
     part = _run(quick_world, tmp_path, "part", 3, max_iterations=2)
     assert len(read_metrics(part)) == 2
@@ -80,7 +79,7 @@ def test_resume_reproduces_the_uninterrupted_run(ray_local, quick_world, tmp_pat
     assert resumed == full
 
 
-def test_stale_trajectories_and_bad_weights_are_refused(quick_world):  # noqa: F811
+def test_stale_trajectories_and_bad_weights_are_refused(quick_world):
     from g2rpo.common.config import load_config
 
     cfg = load_config(
@@ -111,3 +110,37 @@ def test_stale_trajectories_and_bad_weights_are_refused(quick_world):  # noqa: F
     )
     with pytest.raises(StaleTrajectories, match="v0"):
         learner.update([stale])
+
+
+def test_rollout_actor_killed_mid_iteration_changes_nothing(ray_local, quick_world, tmp_path):
+    import json
+    import signal
+    import threading
+    import time
+
+    reference = _strip(read_metrics(_run(quick_world, tmp_path, "calm", 3)))
+    run_dir = tmp_path / "killed"
+    killed: dict = {}
+
+    def killer():
+        metrics, actors = run_dir / "metrics.jsonl", run_dir / "actors.json"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if metrics.exists() and metrics.read_text().strip() and actors.exists():
+                pid = json.loads(actors.read_text())["rollout_workers"][1]
+                time.sleep(0.3)  # into the next iteration
+                os.kill(pid, signal.SIGKILL)
+                killed["pid"] = pid
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    rows = _strip(read_metrics(_run(quick_world, tmp_path, "killed", 3)))
+    thread.join(timeout=5)
+    assert "pid" in killed
+    pids = json.loads((run_dir / "actors.json").read_text())["rollout_workers"]
+    assert pids[1] != killed["pid"]  # Ray restarted the actor
+    # every prompt's trajectory present once, and the same numbers as the calm run
+    assert [r["transitions"] for r in rows] == [r["transitions"] for r in reference]
+    assert rows == reference

@@ -25,15 +25,6 @@ def _run(*args, timeout=600):
     )
 
 
-@pytest.fixture(scope="module")
-def quick_world(tmp_path_factory):
-    out = tmp_path_factory.mktemp("world") / "w"
-    res = _run("pretrain", "--quick", "--out", str(out), "--no-progress", "--threads", "2")
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "wrote" in res.stdout
-    return out
-
-
 def test_quick_world_layout_and_metadata(quick_world):
     pipe = quick_world / "pipeline"
     for sub in (
