@@ -157,6 +157,9 @@ class TrainConfig(_Strict):
     eval_samples: int = Field(40, ge=1)
     checkpoint_every: int = Field(5, ge=1)
     staleness: int = Field(0, ge=0, description="max weight versions a trajectory may lag")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="serve Prometheus metrics here (0 = any free port)"
+    )
     reward: RewardServiceConfig = Field(default_factory=RewardServiceConfig)
 
 

@@ -118,6 +118,38 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    from g2rpo.learner.telemetry import read_status
+
+    state = read_status(args.run, args.redis_url)
+    if args.json:
+        print(json.dumps(state))
+        return 0
+    if "runs" in state:
+        print("runs in Redis: " + (", ".join(state["runs"]) or "none"))
+        return 0
+    last = state.get("last") or {}
+    where = state.get("run_dir", args.run)
+    print(
+        f"run {where}: state {state.get('state', 'on disk')}, "
+        f"{state.get('iterations', state.get('iterations_in_stream', 0))} iterations"
+    )
+    if last:
+        rewards = ", ".join(
+            f"{k} {v:.4f}"
+            for k, v in last.items()
+            if k.startswith(("reward/", "eval/")) and k.count("/") == 1
+        )
+        print(
+            f"  last iteration {last['iteration']} (weights v{last['version']}): {rewards}; "
+            f"loss {last['loss']:.3e}, clip {last['clip_fraction']:.2f}, "
+            f"{last['time/iteration_s']:.1f} s/iteration"
+        )
+    if state.get("checkpoints"):
+        print(f"  latest checkpoint {state['checkpoints'][-1]}")
+    return 0
+
+
 def _cmd_config_show(args: argparse.Namespace) -> int:
     from g2rpo.common.config import dump_config, load_config
 
@@ -330,6 +362,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--max-iterations", type=int, default=None, help="stop after this many")
     tr.add_argument("--no-progress", action="store_true")
     tr.set_defaults(func=_cmd_train)
+
+    st = sub.add_parser("status", help="live state of a training run")
+    st.add_argument("run", nargs="?", default=None, help="run directory or run name (Redis)")
+    st.add_argument("--redis-url", default=None)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_cmd_status)
 
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_cmd", required=True, metavar="WHAT")

@@ -206,6 +206,16 @@ def train(
         else min(cfg.run.iterations, start + max_iterations)
     )
     P = cfg.sampling.prompts_per_worker
+    exporter = status = None
+    if cfg.train.metrics_port is not None:
+        from .telemetry import TrainingExporter
+
+        exporter = TrainingExporter(cfg.train.metrics_port)
+        (run_dir / "metrics_port").write_text(f"{exporter.port}\n")
+    if rewards.redis_url:
+        from .telemetry import RedisStatus
+
+        status = RedisStatus(rewards.redis_url, cfg.run.name)
     bar = tqdm(
         range(start, end),
         desc=f"train {cfg.run.name}",
@@ -271,6 +281,10 @@ def train(
             row["time/iteration_s"] = t4 - t0
             with metrics_path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+            if exporter is not None:
+                exporter.observe(row)
+            if status is not None:
+                status.publish(row, run_dir, "running" if it + 1 < end else "finished")
             done = it + 1
             if done % cfg.train.checkpoint_every == 0 or done == end:
                 ray.get(learner.save.remote(str(run_dir / CKPT / f"it_{done:05d}.pt")))
@@ -289,6 +303,8 @@ def train(
         raise
     finally:
         rewards.close()
+        if exporter is not None:
+            exporter.close()
     return run_dir
 
 

@@ -144,3 +144,72 @@ def test_rollout_actor_killed_mid_iteration_changes_nothing(ray_local, quick_wor
     # every prompt's trajectory present once, and the same numbers as the calm run
     assert [r["transitions"] for r in rows] == [r["transitions"] for r in reference]
     assert rows == reference
+
+
+def test_redis_discovery_status_and_prometheus_export(ray_local, quick_world, tmp_path):
+    import json
+    import subprocess
+    import threading
+    import time
+
+    import httpx
+    from g2rpo.reward_server.process import g2rpo_executable
+    from servers import RedisServer, RewardServerProcess
+
+    redis = RedisServer()
+    server = RewardServerProcess(
+        "--scorers", f"shapes_clip={quick_world / 'shapes_clip'}", "--redis-url", redis.url
+    )
+    scraped: dict = {}
+    run_dir = tmp_path / "live"
+
+    def scraper():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and "text" not in scraped:
+            port_file, metrics = run_dir / "metrics_port", run_dir / "metrics.jsonl"
+            if port_file.exists() and metrics.exists() and metrics.read_text().strip():
+                port = int(port_file.read_text())
+                scraped["text"] = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=scraper, daemon=True)
+    thread.start()
+    try:
+        over = [
+            *SMALL,
+            f"model.pretrained={quick_world / 'pipeline'}",
+            f"run.output_dir={tmp_path}",
+            "run.name=live",
+            "run.iterations=2",
+            "train.metrics_port=0",
+            "train.reward.start_local=false",
+        ]
+        train(None, over, progress=False, redis_url=redis.url)
+        thread.join(timeout=10)
+        text = scraped["text"]
+        assert "g2rpo_train_iteration 0.0" in text
+        assert 'g2rpo_train_reward{reward="shapes_clip"}' in text
+        assert "g2rpo_train_model_evaluations_total" in text
+        assert 'g2rpo_train_phase_seconds{phase="rollout"}' in text
+        env = {**os.environ}
+        live = subprocess.run(
+            [g2rpo_executable(), "status", "live", "--redis-url", redis.url, "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
+        state = json.loads(live.stdout)
+        assert state["state"] == "finished" and state["last"]["iteration"] == 1
+        assert state["iterations_in_stream"] == 2
+        disk = subprocess.run(
+            [g2rpo_executable(), "status", str(run_dir)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
+        assert "last iteration 1" in disk.stdout and "it_00002.pt" in disk.stdout
+    finally:
+        server.stop()
+        redis.stop()
