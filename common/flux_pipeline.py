@@ -66,14 +66,16 @@ class FluxComponents:
 
     @property
     def vae_scale_factor(self) -> int:
-        return 2 ** (len(self.vae.config.block_out_channels) - 1)
+        return vae_scale_factor(self.vae.config)
 
     def latent_size(self, height: int, width: int) -> tuple[int, int]:
         """Unpacked latent (h, w) of an image; FLUX needs both divisible by 2·vae factor."""
-        step = self.vae_scale_factor * 2
-        if height % step or width % step:
-            raise ValueError(f"height and width must be multiples of {step}, got {height}x{width}")
-        return height // self.vae_scale_factor, width // self.vae_scale_factor
+        return latent_size(self.vae.config, height, width)
+
+    def packed_shape(self, height: int, width: int) -> tuple[int, int]:
+        """(tokens, channels) of one packed latent: the engine's sample shape."""
+        h, w = self.latent_size(height, width)
+        return (h // 2) * (w // 2), self.transformer.config.in_channels
 
     def velocity_model(self, height: int, width: int, guidance: float = 3.5) -> FluxVelocity:
         h, w = self.latent_size(height, width)
@@ -95,6 +97,21 @@ class FluxComponents:
     ) -> torch.Tensor:
         """Packed latents [B, L, C] → uint8 images [B, H, W, 3] (batched VAE decode)."""
         return decode_latents(self.vae, packed, *self.latent_size(height, width), batch=batch)
+
+
+def vae_scale_factor(vae_config) -> int:
+    """Pixels per latent pixel: 2 per down block after the first (FluxPipeline's rule)."""
+    return 2 ** (len(vae_config["block_out_channels"]) - 1)
+
+
+def latent_size(vae_config, height: int, width: int) -> tuple[int, int]:
+    """Unpacked latent (h, w) of a height×width image for a VAE of this config."""
+    factor = vae_scale_factor(vae_config)
+    if height % (2 * factor) or width % (2 * factor):
+        raise ValueError(
+            f"height and width must be multiples of {2 * factor}, got {height}x{width}"
+        )
+    return height // factor, width // factor
 
 
 def encode_prompts(

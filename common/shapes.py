@@ -24,7 +24,10 @@ PALETTE: dict[str, tuple[int, int, int]] = {
     "black": (20, 20, 20),
 }
 COLOURS: tuple[str, ...] = tuple(PALETTE)
-CROSS_ARM = 0.33  # arm half-width as a fraction of the half-extent
+CROSS_ARM = 0.33
+# Part of the world's definition: which combinations are held out of training.
+SPLIT_SEED = 0
+HELD_OUT = 40  # arm half-width as a fraction of the half-extent
 _PROMPT = re.compile(r"^an? (\w+) (\w+) on an? (\w+) background$")
 
 
@@ -64,7 +67,7 @@ def all_combinations() -> list[ShapeSpec]:
 
 
 def split_combinations(
-    seed: int = 0, held_out: int = 40
+    seed: int = SPLIT_SEED, held_out: int = HELD_OUT
 ) -> tuple[list[ShapeSpec], list[ShapeSpec]]:
     """(train, held_out) combinations; the held-out prompts never appear in training."""
     combos = all_combinations()

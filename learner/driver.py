@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import ray
+import torch
 from tqdm.auto import tqdm
 
 from ..common.config import G2RPOConfig, dump_config, load_config
@@ -24,7 +25,7 @@ CKPT = "checkpoints"
 
 def _prompts(spec: str) -> list[str]:
     if spec in ("shapes:train", "shapes:held_out"):
-        train, held = split_combinations(0, 40)
+        train, held = split_combinations()
         return [s.prompt for s in (train if spec == "shapes:train" else held)]
     path = Path(spec)
     if not path.is_file():
@@ -115,7 +116,7 @@ def _redo(version, ref, checksum, iteration, prompts, reward_args):
     return call
 
 
-def _summarise(batches, stats: dict, cfg: G2RPOConfig) -> dict:
+def _summarise(batches, stats: dict) -> dict:
     out: dict = {}
     for name in batches[0].leaf_rewards:
         train_vals, anchor_vals, per_g = [], [], {}
@@ -124,25 +125,19 @@ def _summarise(batches, stats: dict, cfg: G2RPOConfig) -> dict:
             kind = "branch" if b.plan.algorithm == "g2rpo" else "sample"
             grid = b.plan.gather(r, kind)
             train_vals.append(grid.flatten())
-            anchor_vals.append(b.plan.gather(r, "anchor"))
+            anchor_vals.append(b.plan.gather(r, "anchor").flatten())
             if kind == "branch":
                 for gi, g in enumerate(b.plan.granularities):
                     per_g.setdefault(str(g), []).append(grid[:, :, gi].flatten())
-        out[f"reward/{name}"] = float(torch_cat(train_vals).mean())
-        out[f"anchor_reward/{name}"] = float(torch_cat(anchor_vals).mean())
+        out[f"reward/{name}"] = float(torch.cat(train_vals).mean())
+        out[f"anchor_reward/{name}"] = float(torch.cat(anchor_vals).mean())
         for g, vals in per_g.items():
-            out[f"reward/{name}/g{g}"] = float(torch_cat(vals).mean())
-    out.update({k: v for k, v in stats.items()})
+            out[f"reward/{name}/g{g}"] = float(torch.cat(vals).mean())
+    out.update(stats)
     out["nfe"] = sum(b.nfe for b in batches)
     out["model_calls"] = sum(b.model_calls for b in batches)
     out["weight_versions"] = sorted({b.version for b in batches})
     return out
-
-
-def torch_cat(tensors):
-    import torch
-
-    return torch.cat([t.reshape(-1) for t in tensors])
 
 
 def train(
@@ -271,7 +266,7 @@ def train(
             t3 = time.perf_counter()
             stats = ray.get(learner.update.remote(*results))
             t4 = time.perf_counter()
-            row.update(_summarise(results, stats, cfg))
+            row.update(_summarise(results, stats))
             row["time/weight_push_s"] = t1 - t0
             row["time/eval_s"] = t2 - t1
             row["time/rollout_s"] = max(b.timings["rollout_s"] for b in results)

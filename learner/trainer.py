@@ -8,6 +8,7 @@ import torch
 
 from ..common.config import G2RPOConfig
 from ..common.flux import FluxVelocity
+from ..common.flux_pipeline import latent_size
 from ..common.schedules import sampling_grid
 from ..rollout_worker.engine import Transitions
 from ..rollout_worker.worker import Trajectories, resolve_path, seed_for, weights_checksum
@@ -50,7 +51,7 @@ def merge(batches: list[Trajectories]) -> tuple[Transitions, dict[str, torch.Ten
 
 class LearnerCore:
     def __init__(self, cfg: G2RPOConfig) -> None:
-        from diffusers import FluxTransformer2DModel
+        from diffusers import AutoencoderKL, FluxTransformer2DModel
 
         torch.set_num_threads(cfg.train.worker_threads)
         self.cfg = cfg
@@ -59,15 +60,8 @@ class LearnerCore:
             path, subfolder="transformer", local_files_only=True
         ).to(cfg.model.device)
         self.transformer.train()
-        vae_blocks = 3  # latent side = image / 2**(blocks-1); read from the VAE config
-        try:
-            import json
-
-            vcfg = json.loads((path / "vae" / "config.json").read_text())
-            vae_blocks = len(vcfg["block_out_channels"])
-        except (OSError, KeyError, ValueError):
-            pass
-        side = cfg.train.image_size // 2 ** (vae_blocks - 1)
+        vae_config = AutoencoderKL.load_config(path, subfolder="vae", local_files_only=True)
+        side, _ = latent_size(vae_config, cfg.train.image_size, cfg.train.image_size)
         self.velocity = FluxVelocity(self.transformer, side, side, guidance=cfg.model.guidance)
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(

@@ -46,6 +46,27 @@ def seed_for(seed: int, iteration: int, worker: int, stream: int = 0) -> int:
     return int(np.random.SeedSequence([seed, iteration, worker, stream]).generate_state(1)[0])
 
 
+@torch.no_grad()
+def sample_on_pipeline(
+    comps: FluxComponents,
+    model,
+    grid,
+    plan: RolloutPlan,
+    prompts: list[str],
+    gen: torch.Generator,
+    *,
+    size: int,
+    max_sequence_length: int,
+    max_batch: int = 256,
+):
+    """Encode the prompts, run the plan with noise drawn from ``gen``, decode every
+    leaf: (prompt embeddings, RolloutResult, uint8 images [leaves, size, size, 3])."""
+    cond = comps.encode_prompts(prompts, max_sequence_length)
+    init, sde = draw_noise(plan, comps.packed_shape(size, size), gen)
+    result = RolloutEngine(model, grid, max_batch=max_batch).run(plan, cond, init, sde)
+    return cond, result, comps.decode(result.leaf_latents, size, size)
+
+
 @dataclass
 class Trajectories:
     worker: int
@@ -102,17 +123,18 @@ class RolloutWorkerCore:
             self.client_urls = key
         return self.client
 
-    @torch.no_grad()
     def _sample(self, plan: RolloutPlan, prompts: list[str], gen: torch.Generator):
-        cond = self.comps.encode_prompts(prompts, self.cfg.train.max_sequence_length)
-        size = self.cfg.train.image_size
-        h, w = self.comps.latent_size(size, size)
-        shape = ((h // 2) * (w // 2), self.comps.transformer.config.in_channels)
-        init, sde = draw_noise(plan, shape, gen)
-        engine = RolloutEngine(self.model, self.grid, max_batch=self.cfg.sampling.max_batch)
-        result = engine.run(plan, cond, init, sde)
-        images = self.comps.decode(result.leaf_latents, size, size)
-        return cond, result, images
+        return sample_on_pipeline(
+            self.comps,
+            self.model,
+            self.grid,
+            plan,
+            prompts,
+            gen,
+            size=self.cfg.train.image_size,
+            max_sequence_length=self.cfg.train.max_sequence_length,
+            max_batch=self.cfg.sampling.max_batch,
+        )
 
     def rollout(
         self,

@@ -14,15 +14,13 @@ from ..common.schedules import sampling_grid
 from ..common.shapes import ShapeSpec, render_batch, split_combinations
 from ..reward_server.scorers.clip_score import ClipScore
 from ..reward_server.scorers.shapes_oracle import ShapesOracle
-from ..rollout_worker.engine import RolloutEngine
 from ..rollout_worker.plan import anchor_plan
-from .pretrain import HELD_OUT, SPLIT_SEED
+from ..rollout_worker.worker import sample_on_pipeline
 from .text import MAX_TOKENS
 
 IMAGE_SIZE = 32
 
 
-@torch.no_grad()
 def sample_images(
     comps: FluxComponents,
     prompts: list[str],
@@ -33,18 +31,17 @@ def sample_images(
     max_sequence_length: int = MAX_TOKENS,
 ) -> np.ndarray:
     """Deterministic ODE samples (the policy's evaluation samples) as uint8 [N, H, W, 3]."""
-    cond = comps.encode_prompts(prompts, max_sequence_length)
-    h, w = comps.latent_size(size, size)
-    model = comps.velocity_model(size, size)
-    plan = anchor_plan(len(prompts), num_steps)
-    gen = torch.Generator().manual_seed(seed)
-    init = torch.randn(
-        (len(prompts), (h // 2) * (w // 2), 4 * comps.transformer.config.in_channels // 4),
-        generator=gen,
+    _, _, images = sample_on_pipeline(
+        comps,
+        comps.velocity_model(size, size),
+        sampling_grid(num_steps, shift),
+        anchor_plan(len(prompts), num_steps),
+        prompts,
+        torch.Generator().manual_seed(seed),
+        size=size,
+        max_sequence_length=max_sequence_length,
     )
-    engine = RolloutEngine(model, sampling_grid(num_steps, shift))
-    result = engine.run(plan, cond, init, torch.zeros(0, *init.shape[1:]))
-    return comps.decode(result.anchor_latents(), size, size).numpy()
+    return images.numpy()
 
 
 def auc(positive: np.ndarray, negative: np.ndarray) -> float:
@@ -73,7 +70,7 @@ def evaluate_world(
     comps = FluxComponents.load(world / "pipeline")
     clip = ClipScore(world / "shapes_clip", name="shapes_clip")
     oracle = ShapesOracle()
-    train, held = split_combinations(SPLIT_SEED, HELD_OUT)
+    train, held = split_combinations()
     rng = np.random.default_rng(seed)
     train_eval = [train[i] for i in rng.choice(len(train), len(held), replace=False)]
     report: dict = {"samples_per_prompt": samples_per_prompt, "seed": seed}

@@ -16,14 +16,11 @@ from pathlib import Path
 
 import torch
 
-from ..common.shapes import split_combinations
+from ..common.shapes import SPLIT_SEED, split_combinations
 from .clip_reward import build_processor, train_clip_reward
 from .flow import train_flow
 from .text import build_clip_tokenizer, build_t5_tokenizer, build_text_encoders
 from .vae import train_vae
-
-SPLIT_SEED = 0  # part of the world's definition: which 40 combinations are held out
-HELD_OUT = 40
 
 
 @dataclass(frozen=True)
@@ -63,7 +60,7 @@ def pretrain(out: str | Path, *, quick: bool = False, seed: int = 0, progress: b
     settings = QUICK if quick else FULL
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    train, held = split_combinations(SPLIT_SEED, HELD_OUT)
+    train, held = split_combinations()
     tok, tok2 = build_clip_tokenizer(), build_t5_tokenizer()
     clip_text, t5 = build_text_encoders(len(tok), len(tok2), seed=seed)
 
