@@ -21,6 +21,40 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+FLUX_LORA_TARGETS = [
+    "to_q",
+    "to_k",
+    "to_v",
+    "to_out.0",
+    "add_q_proj",
+    "add_k_proj",
+    "add_v_proj",
+    "to_add_out",
+]
+
+
+class LoraOptions(_Strict):
+    """Train low-rank adapters (peft) instead of the whole transformer; the learner
+    then publishes, checkpoints and exports the adapters only."""
+
+    rank: int = Field(32, ge=1, description="r")
+    alpha: float = Field(64.0, gt=0, description="scale = alpha / r")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(FLUX_LORA_TARGETS),
+        description="module names (suffixes) that get adapters: FLUX attention projections",
+    )
+    init: Literal["gaussian", "default"] = Field(
+        "gaussian", description="A's init (B starts at zero, so step 0 is the base model)"
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("needs at least one module name")
+        return v
+
+
 class ModelConfig(_Strict):
     pretrained: str | None = Field(
         None,
@@ -30,6 +64,7 @@ class ModelConfig(_Strict):
     device: str = "cpu"
     guidance: float = Field(3.5, description="FLUX distilled guidance embedding")
     quantize_timestep: bool = Field(True, description="feed floor(1000σ)/1000 as the official code")
+    lora: LoraOptions | None = Field(None, description="train LoRA adapters; None = full")
 
 
 class SamplingConfig(_Strict):
@@ -135,19 +170,53 @@ class RunConfig(_Strict):
     output_dir: str = "runs"
 
 
+Resources = dict[str, float]
+
+
+def _check_resources(v: Resources) -> Resources:
+    for name, amount in v.items():
+        if name in ("CPU", "GPU"):
+            raise ValueError(f"give {name} through the num_cpus/num_gpus fields, not resources")
+        if amount <= 0:
+            raise ValueError(f"{name}: amount must be > 0, got {amount}")
+    return v
+
+
 class RewardServiceConfig(_Strict):
     urls: list[str] = Field(default_factory=list, description="static replica URLs")
     redis_url: str | None = Field(None, description="discover replicas in this Redis")
-    start_local: bool = Field(True, description="start a local server when no URL/Redis given")
-    scorers: list[str] = Field(default_factory=list, description="for the local server")
+    replicas: int | None = Field(
+        None,
+        ge=0,
+        description="reward-server replicas the job starts as Ray actors "
+        "(None: 1 when no urls/redis_url are given, else 0)",
+    )
+    num_cpus: float = Field(1.0, ge=0, description="per job-started replica")
+    num_gpus: float = Field(0.0, ge=0, description="per job-started replica")
+    resources: Resources = Field(default_factory=dict, description="custom Ray resources")
+    scorers: list[str] = Field(
+        default_factory=list, description="NAME or NAME=LOCAL_DIR for job-started replicas"
+    )
     token_env: str | None = None
     deadline_s: float = Field(300.0, gt=0)
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, v: Resources) -> Resources:
+        return _check_resources(v)
 
 
 class TrainConfig(_Strict):
     workers: int = Field(1, ge=1, description="rollout worker actors")
+    worker_num_cpus: float = Field(1.0, ge=0)
     worker_num_gpus: float = Field(0.0, ge=0)
+    worker_resources: Resources = Field(default_factory=dict, description="custom Ray resources")
+    learner_num_cpus: float = Field(1.0, ge=0)
     learner_num_gpus: float = Field(0.0, ge=0)
+    learner_resources: Resources = Field(default_factory=dict, description="custom Ray resources")
+    placement_timeout_s: float = Field(
+        600.0, gt=0, description="fail when an actor is not placed by then (names the request)"
+    )
     worker_threads: int = Field(1, ge=1, description="torch threads per actor (CPU)")
     image_size: int = Field(512, ge=16)
     max_sequence_length: int = Field(512, ge=1)
@@ -161,6 +230,11 @@ class TrainConfig(_Strict):
         None, ge=0, le=65535, description="serve Prometheus metrics here (0 = any free port)"
     )
     reward: RewardServiceConfig = Field(default_factory=RewardServiceConfig)
+
+    @field_validator("worker_resources", "learner_resources")
+    @classmethod
+    def _resources(cls, v: Resources) -> Resources:
+        return _check_resources(v)
 
 
 class G2RPOConfig(_Strict):

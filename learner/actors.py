@@ -12,9 +12,20 @@ class RolloutWorker:
     """Holds a pipeline; loads published weights; rolls out its share of prompts."""
 
     def __init__(self, cfg: dict, worker: int) -> None:
-        from ..rollout_worker.worker import RolloutWorkerCore
+        # the pipeline loads on first use, so placement() answers as soon as Ray has
+        # placed the actor, and a restarted actor reloads it by itself
+        self.cfg, self.worker, self._core = G2RPOConfig.model_validate(cfg), worker, None
 
-        self.core = RolloutWorkerCore(G2RPOConfig.model_validate(cfg), worker)
+    @property
+    def core(self):
+        if self._core is None:
+            from ..rollout_worker.worker import RolloutWorkerCore
+
+            self._core = RolloutWorkerCore(self.cfg, self.worker)
+        return self._core
+
+    def ready(self) -> bool:
+        return self.core is not None
 
     def load_weights(self, version: int, state: dict, checksum: str) -> tuple[int, str]:
         return self.core.load_weights(version, state, checksum)
@@ -35,19 +46,43 @@ class RolloutWorker:
 
         return os.getpid()
 
+    def placement(self) -> dict:
+        from .placement import where_am_i
+
+        return where_am_i()
+
 
 @ray.remote(max_restarts=0)
 class Learner:
     """Fuses advantages, updates the policy, publishes (version, weights) once."""
 
     def __init__(self, cfg: dict) -> None:
-        from .trainer import LearnerCore
+        self.cfg, self._core = G2RPOConfig.model_validate(cfg), None
 
-        self.core = LearnerCore(G2RPOConfig.model_validate(cfg))
+    @property
+    def core(self):
+        if self._core is None:  # loaded on first use, as the rollout workers
+            from .trainer import LearnerCore
+
+            self._core = LearnerCore(self.cfg)
+        return self._core
+
+    def ready(self) -> bool:
+        return self.core is not None
 
     def publish(self):
         version, state, checksum = self.core.weights()
-        return version, [ray.put(state)], checksum  # one object per version, shared by all
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        # one object per version, shared by all workers (a LoRA run: the adapters only)
+        return version, [ray.put(state)], checksum, nbytes
+
+    def placement(self) -> dict:
+        from .placement import where_am_i
+
+        return where_am_i()
+
+    def export(self, directory: str) -> str:
+        return self.core.export(directory)
 
     def update(self, *batches):
         return self.core.update(list(batches))

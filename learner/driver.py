@@ -19,6 +19,8 @@ from tqdm.auto import tqdm
 from ..common.config import G2RPOConfig, dump_config, load_config
 from ..common.shapes import split_combinations
 from .actors import Learner, RolloutWorker
+from .placement import actor_options, local_cluster_resources, wait_placed
+from .reward_replicas import RewardSource
 
 CKPT = "checkpoints"
 
@@ -48,36 +50,6 @@ def _latest_checkpoint(run_dir: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-class _Rewards:
-    """Where rewards come from: configured replicas, Redis discovery, or a local server."""
-
-    def __init__(self, cfg: G2RPOConfig, redis_url: str | None) -> None:
-        r = cfg.train.reward
-        self.urls, self.redis_url = list(r.urls), redis_url or r.redis_url
-        self.token = os.environ.get(r.token_env) if r.token_env else None
-        specs: dict[str, str] = {}  # name -> "name" or "name=local_dir" for a local server
-        for entry in [x.name for x in cfg.rewards] + list(r.scorers):
-            name, _, path = entry.partition("=")
-            if path or name not in specs:
-                specs[name] = entry
-        self.scorers = list(specs)
-        self.server = None
-        if not self.urls and not self.redis_url:
-            if not r.start_local:
-                raise ValueError("train.reward: give urls or redis_url, or set start_local")
-            from ..reward_server.process import RewardServerProcess
-
-            self.server = RewardServerProcess("--scorers", ",".join(specs.values()), quiet=True)
-            self.urls = [self.server.url]
-
-    def args(self):
-        return self.urls, self.redis_url, self.token, self.scorers
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-
-
 def _get_with_retry(make_call, workers, index: int, attempts: int = 3):
     """Run a worker call; if the actor died, wait for Ray to restart it and redo it."""
     for attempt in range(attempts):
@@ -97,13 +69,71 @@ def _load_call(version, ref, checksum):
     return call
 
 
-def _record_actors(run_dir: Path, workers) -> None:
-    """The rollout actors' process ids (for operators, and for the fault tests)."""
+def _record_actors(run_dir: Path, workers, placement: dict) -> None:
+    """Where the actors run and the rollout actors' process ids (for operators, and
+    for the fault tests); pids are refreshed every iteration as Ray restarts actors."""
     try:
         pids = ray.get([w.pid.remote() for w in workers], timeout=30)
     except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
         return
-    (run_dir / "actors.json").write_text(json.dumps({"rollout_workers": pids}) + "\n")
+    record = {"rollout_workers": pids, "placement": placement}
+    (run_dir / "actors.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _start_actors(cfg: G2RPOConfig, redis_url: str | None):
+    """Ray (local unless RAY_ADDRESS points at a cluster), the reward replicas, the
+    learner and the rollout workers, each placed by the resources the config asks."""
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address="auto", log_to_driver=False)
+        else:
+            ray.init(
+                **local_cluster_resources(cfg),
+                include_dashboard=False,
+                log_to_driver=False,
+                object_store_memory=512 * 2**20,
+            )
+    t, cfg_dict = cfg.train, cfg.model_dump(mode="json")
+    rewards = RewardSource(cfg, redis_url)
+    learner_opts = actor_options(t.learner_num_cpus, t.learner_num_gpus, t.learner_resources)
+    worker_opts = actor_options(t.worker_num_cpus, t.worker_num_gpus, t.worker_resources)
+    learner = Learner.options(**learner_opts).remote(cfg_dict)
+    workers = [RolloutWorker.options(**worker_opts).remote(cfg_dict, i) for i in range(t.workers)]
+    r = t.reward
+    reward_opts = actor_options(r.num_cpus, r.num_gpus, r.resources)
+    try:
+        placed_rewards, (placed_learner,), placed_workers = wait_placed(
+            [
+                ("train.reward (num_cpus/num_gpus/resources)", rewards.replicas, reward_opts),
+                (
+                    "train.learner_num_cpus/learner_num_gpus/learner_resources",
+                    [learner],
+                    learner_opts,
+                ),
+                ("train.worker_num_cpus/worker_num_gpus/worker_resources", workers, worker_opts),
+            ],
+            t.placement_timeout_s,
+        )
+        # placed; now load the models and start the servers (errors surface here)
+        ray.get([a.ready.remote() for a in [*rewards.replicas, learner, *workers]])
+    except BaseException:
+        _stop(learner, workers, rewards)
+        raise
+    rewards.refresh()
+    for info, url in zip(placed_rewards, rewards.replica_urls, strict=True):
+        info["url"] = url
+    placement = {
+        "learner": placed_learner,
+        "rollout_workers": placed_workers,
+        "reward_replicas": placed_rewards,
+    }
+    return learner, workers, rewards, placement
+
+
+def _stop(learner, workers, rewards: RewardSource) -> None:
+    rewards.close()
+    for actor in [learner, *workers]:
+        ray.kill(actor, no_restart=True)
 
 
 def _redo(version, ref, checksum, iteration, prompts, reward_args):
@@ -166,23 +196,7 @@ def train(
     train_prompts, eval_prompts = _prompts(cfg.train.prompts), _prompts(cfg.train.eval_prompts)
     eval_prompts = eval_prompts[: cfg.train.eval_samples]
 
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(address="auto", log_to_driver=False)
-        else:
-            ray.init(
-                num_cpus=max(2, cfg.train.workers + 1),
-                include_dashboard=False,
-                log_to_driver=False,
-                object_store_memory=512 * 2**20,
-            )
-    rewards = _Rewards(cfg, redis_url)
-    cfg_dict = cfg.model_dump(mode="json")
-    learner = Learner.options(num_gpus=cfg.train.learner_num_gpus).remote(cfg_dict)
-    workers = [
-        RolloutWorker.options(num_gpus=cfg.train.worker_num_gpus).remote(cfg_dict, i)
-        for i in range(cfg.train.workers)
-    ]
+    learner, workers, rewards, placement = _start_actors(cfg, redis_url)
     start = 0
     metrics_path = run_dir / "metrics.jsonl"
     if resume is not None:
@@ -222,7 +236,8 @@ def train(
     try:
         for it in bar:
             t0 = time.perf_counter()
-            version, (ref,), checksum = ray.get(learner.publish.remote())
+            version, (ref,), checksum, nbytes = ray.get(learner.publish.remote())
+            rewards.refresh(timeout=cfg.train.placement_timeout_s)
             loaded = []
             for i, pending in enumerate(
                 [w.load_weights.remote(version, ref, checksum) for w in workers]
@@ -231,12 +246,12 @@ def train(
                     loaded.append(ray.get(pending))
                 except ray.exceptions.RayActorError:  # restarted by Ray: load again
                     loaded.append(_get_with_retry(_load_call(version, ref, checksum), workers, i))
-            _record_actors(run_dir, workers)
+            _record_actors(run_dir, workers, placement)
             for i, got in enumerate(loaded):
                 if got != (version, checksum):
                     raise RuntimeError(f"worker {i} loaded {got}, expected {(version, checksum)}")
             t1 = time.perf_counter()
-            row: dict = {"iteration": it, "version": version}
+            row: dict = {"iteration": it, "version": version, "weights_bytes": nbytes}
             if it % cfg.train.eval_every == 0 or it == end - 1:
                 images, scores = _get_with_retry(
                     lambda w: w.evaluate.remote(
@@ -283,6 +298,8 @@ def train(
             done = it + 1
             if done % cfg.train.checkpoint_every == 0 or done == end:
                 ray.get(learner.save.remote(str(run_dir / CKPT / f"it_{done:05d}.pt")))
+            if done == cfg.run.iterations:  # the trained weights, in a diffusers layout
+                ray.get(learner.export.remote(str(run_dir / "final")))
             main = cfg.rewards[0].name
             bar.set_postfix(
                 reward=f"{row[f'reward/{main}']:.3f}",
@@ -297,7 +314,7 @@ def train(
         )
         raise
     finally:
-        rewards.close()
+        _stop(learner, workers, rewards)
         if exporter is not None:
             exporter.close()
     return run_dir

@@ -9,6 +9,7 @@ import torch
 from ..common.config import G2RPOConfig
 from ..common.flux import FluxVelocity
 from ..common.flux_pipeline import latent_size
+from ..common.lora import BaseModelVelocity, adapter_state, add_lora, load_adapter_state
 from ..common.schedules import sampling_grid
 from ..rollout_worker.engine import Transitions
 from ..rollout_worker.worker import Trajectories, resolve_path, seed_for, weights_checksum
@@ -59,13 +60,21 @@ class LearnerCore:
         self.transformer = FluxTransformer2DModel.from_pretrained(
             path, subfolder="transformer", local_files_only=True
         ).to(cfg.model.device)
+        self.lora = cfg.model.lora is not None
+        if self.lora:
+            add_lora(self.transformer, cfg.model.lora)
         self.transformer.train()
         vae_config = AutoencoderKL.load_config(path, subfolder="vae", local_files_only=True)
         side, _ = latent_size(vae_config, cfg.train.image_size, cfg.train.image_size)
         self.velocity = FluxVelocity(self.transformer, side, side, guidance=cfg.model.guidance)
+        self.kl_beta = cfg.algorithm.flowgrpo.kl_beta if cfg.algorithm.name == "flowgrpo" else 0.0
+        self.reference = None
+        if self.kl_beta > 0:
+            self.reference = self._reference_model(side)
+        self.trainable = [p for p in self.transformer.parameters() if p.requires_grad]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
-            self.transformer.parameters(),
+            self.trainable,
             lr=o.lr,
             betas=o.betas,
             eps=o.eps,
@@ -79,8 +88,24 @@ class LearnerCore:
         self.version = 0
         self.iteration = 0
 
+    def _reference_model(self, side: int):
+        """The KL reference (Flow-GRPO): the base model. With LoRA that is the same
+        transformer with its adapters off; otherwise a frozen copy of the initial one."""
+        if self.lora:
+            return BaseModelVelocity(self.velocity)
+        import copy
+
+        frozen = copy.deepcopy(self.transformer).eval().requires_grad_(False)
+        return FluxVelocity(frozen, side, side, guidance=self.cfg.model.guidance)
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """What changes in training: the adapters of a LoRA run, else every weight."""
+        if self.lora:
+            return adapter_state(self.transformer)
+        return {k: v.detach().cpu().clone() for k, v in self.transformer.state_dict().items()}
+
     def weights(self) -> tuple[int, dict[str, torch.Tensor], str]:
-        state = {k: v.detach().cpu().clone() for k, v in self.transformer.state_dict().items()}
+        state = self.trained_state()
         return self.version, state, weights_checksum(state)
 
     def update(self, batches: list[Trajectories]) -> dict:
@@ -102,7 +127,7 @@ class LearnerCore:
         o = self.cfg.optim
         stats = grpo_update(
             self.velocity,
-            list(self.transformer.parameters()),
+            self.trainable,
             self.optimizer,
             transitions,
             adv,
@@ -112,6 +137,8 @@ class LearnerCore:
             max_grad_norm=o.max_grad_norm,
             step_mode=o.step_mode,
             samples_per_step=o.samples_per_step,
+            reference_model=self.reference,
+            kl_beta=self.kl_beta,
         ).as_dict()
         self.version += 1
         self.iteration += 1
@@ -126,14 +153,37 @@ class LearnerCore:
 
     def state_dict(self) -> dict:
         return {
-            "transformer": self.transformer.state_dict(),
+            "lora" if self.lora else "transformer": self.trained_state(),
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
             "iteration": self.iteration,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.transformer.load_state_dict(state["transformer"])
+        key = "lora" if self.lora else "transformer"
+        if key not in state:
+            kind = "a LoRA" if self.lora else "a full-weight"
+            raise ValueError(
+                f"checkpoint holds {sorted(k for k in state if k in ('lora', 'transformer'))}; "
+                f"this run is {kind} run (model.lora) and needs {key!r}"
+            )
+        if self.lora:
+            load_adapter_state(self.transformer, state["lora"])
+        else:
+            self.transformer.load_state_dict(state["transformer"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]
         self.iteration = state["iteration"]
+
+    def export(self, directory: str) -> str:
+        """Final weights in diffusers layouts: ``pytorch_lora_weights.safetensors``
+        (``FluxPipeline.load_lora_weights``) or ``transformer/`` (``from_pretrained``)."""
+        from pathlib import Path
+
+        from ..common.lora import save_lora_weights
+
+        if self.lora:
+            return str(save_lora_weights(self.transformer, directory))
+        out = Path(directory) / "transformer"
+        self.transformer.save_pretrained(out)
+        return str(out)

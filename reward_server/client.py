@@ -90,12 +90,11 @@ class RewardClient:
     # ------------------------------------------------------------------ replicas
     def replicas(self, scorers: list[str]) -> list[str]:
         """Candidate URLs, best first: live, least loaded, rotated among equals."""
-        if self.redis is not None:
+        urls, load = list(self.static), {}
+        if self.redis is not None:  # static URLs and discovered replicas together
             live = [r for r in live_replicas(self.redis) if set(scorers) <= set(r.scorers)]
             load = {r.url.rstrip("/"): r.load for r in live}
-            urls = sorted(load)
-        else:
-            urls, load = list(self.static), {}
+            urls = sorted(set(urls) | set(load))
         if not urls:
             return []
         shift = next(self._turn) % len(urls)

@@ -13,9 +13,9 @@ import time
 import httpx
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -23,12 +23,27 @@ def g2rpo_executable() -> str:
     return shutil.which("g2rpo") or os.path.join(os.path.dirname(sys.executable), "g2rpo")
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the child when the process that started it dies, so a killed
+    Ray actor does not leave its server behind (no portable stdlib way exists)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class RewardServerProcess:
     def __init__(
-        self, *args: str, env: dict | None = None, ready: bool = True, quiet: bool = False
+        self,
+        *args: str,
+        env: dict | None = None,
+        ready: bool = True,
+        quiet: bool = False,
+        host: str = "127.0.0.1",
+        die_with_parent: bool = False,
     ) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = free_port(host)
+        self.url = f"http://{host}:{self.port}"
         out = subprocess.DEVNULL if quiet else subprocess.PIPE
         self.proc = subprocess.Popen(
             [g2rpo_executable(), "reward-server", "--port", str(self.port), *args],
@@ -36,6 +51,7 @@ class RewardServerProcess:
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, **(env or {})},
+            preexec_fn=_die_with_parent if die_with_parent and sys.platform == "linux" else None,
         )
         if ready:
             self.wait_ready()

@@ -13,6 +13,7 @@ import torch
 
 from ..common.config import G2RPOConfig
 from ..common.flux_pipeline import FluxComponents
+from ..common.lora import AdapterMismatch, add_lora, load_adapter_state
 from ..common.schedules import sampling_grid
 from ..reward_server.client import RewardClient
 from .engine import RolloutEngine, Transitions, draw_noise
@@ -91,6 +92,8 @@ class RolloutWorkerCore:
         self.comps = FluxComponents.load(
             resolve_path(cfg.model.pretrained), device=cfg.model.device
         )
+        if cfg.model.lora is not None:
+            add_lora(self.comps.transformer, cfg.model.lora)
         self.comps.transformer.eval()
         size = cfg.train.image_size
         self.model = self.comps.velocity_model(size, size, guidance=cfg.model.guidance)
@@ -105,7 +108,13 @@ class RolloutWorkerCore:
         got = weights_checksum(state)
         if got != checksum:
             raise WeightMismatch(f"weights v{version}: checksum {got} != published {checksum}")
-        self.comps.transformer.load_state_dict(state)
+        if self.cfg.model.lora is not None:
+            try:
+                load_adapter_state(self.comps.transformer, state)
+            except AdapterMismatch as exc:
+                raise WeightMismatch(f"weights v{version}: {exc}") from None
+        else:
+            self.comps.transformer.load_state_dict(state)
         self.version, self.checksum = version, checksum
         return version, checksum
 

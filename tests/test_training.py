@@ -28,14 +28,14 @@ SMALL = [
 @pytest.fixture(scope="module")
 def ray_local():
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(
-        num_cpus=3, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20
+    ray.init(  # 2 rollout workers + learner + the job's reward replica, 1 CPU each
+        num_cpus=4, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20
     )
     yield
     ray.shutdown()
 
 
-def _run(world, out, name, iterations, **kw):
+def _run(world, out, name, iterations, extra=(), **kw):
     over = [
         *SMALL,
         f"model.pretrained={world / 'pipeline'}",
@@ -44,6 +44,7 @@ def _run(world, out, name, iterations, **kw):
         f"run.iterations={iterations}",
         # the local reward server scores with this world's shapes_clip
         f"train.reward.scorers=[shapes_clip={world / 'shapes_clip'}]",
+        *extra,
     ]
     return train(None, over, progress=False, **kw)
 
@@ -77,6 +78,27 @@ def test_resume_reproduces_the_uninterrupted_run(ray_local, quick_world, tmp_pat
     resumed = _strip(read_metrics(part))
     assert [r["iteration"] for r in resumed] == [0, 1, 2]
     assert resumed == full
+
+
+def test_lora_run_publishes_adapters_and_resumes_exactly(ray_local, quick_world, tmp_path):
+    import json
+
+    lora = ["model.lora.rank=4", "model.lora.alpha=8"]
+    full = _strip(read_metrics(_run(quick_world, tmp_path, "lora-full", 2, lora)))
+    part = _run(quick_world, tmp_path, "lora-part", 2, lora, max_iterations=1)
+    assert not (part / "final").exists()  # not finished: nothing exported yet
+    train(None, [], resume=part, progress=False)
+    assert _strip(read_metrics(part)) == full
+    base_bytes = (quick_world / "pipeline" / "transformer").glob("*.safetensors")
+    base_bytes = sum(p.stat().st_size for p in base_bytes)
+    for row in full:
+        assert 0 < row["weights_bytes"] < 0.2 * base_bytes  # adapters only on the wire
+        assert row["ratio_min"] > 0.9 and row["weight_versions"] == [row["version"]]
+    ckpt = part / "checkpoints" / "it_00002.pt"
+    assert ckpt.stat().st_size < 0.5 * base_bytes
+    assert (part / "final" / "pytorch_lora_weights.safetensors").is_file()
+    placement = json.loads((part / "actors.json").read_text())["placement"]
+    assert len(placement["rollout_workers"]) == 2 and len(placement["reward_replicas"]) == 1
 
 
 def test_stale_trajectories_and_bad_weights_are_refused(quick_world):
@@ -182,7 +204,7 @@ def test_redis_discovery_status_and_prometheus_export(ray_local, quick_world, tm
             "run.name=live",
             "run.iterations=2",
             "train.metrics_port=0",
-            "train.reward.start_local=false",
+            "train.reward.replicas=0",
         ]
         train(None, over, progress=False, redis_url=redis.url)
         thread.join(timeout=10)

@@ -1,0 +1,76 @@
+"""Placing the run's actors by the resources the config asks for, and saying
+clearly which request the cluster cannot meet instead of waiting forever."""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+from ..common.config import G2RPOConfig
+
+
+class PlacementError(RuntimeError):
+    """An actor the cluster did not place in time; names the config fields."""
+
+
+def actor_options(num_cpus: float, num_gpus: float, resources: dict[str, float]) -> dict:
+    return {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": dict(resources)}
+
+
+def local_cluster_resources(cfg: G2RPOConfig) -> dict:
+    """What a one-machine Ray needs to place every actor of this config: the CPU
+    count and each custom resource summed over the actors, so a config written for
+    a cluster (custom node labels included) runs unchanged on a laptop. GPUs are
+    left to Ray's detection: asking for a GPU the laptop lacks must fail."""
+    t, r = cfg.train, cfg.train.reward
+    replicas = r.replicas if r.replicas is not None else int(not (r.urls or r.redis_url))
+    cpus = t.workers * t.worker_num_cpus + t.learner_num_cpus + replicas * r.num_cpus
+    custom: dict[str, float] = {}
+    for count, res in ((t.workers, t.worker_resources), (1, t.learner_resources)):
+        for name, amount in res.items():
+            custom[name] = custom.get(name, 0.0) + count * amount
+    for name, amount in r.resources.items():
+        custom[name] = custom.get(name, 0.0) + replicas * amount
+    return {"num_cpus": max(2, int(-(-cpus // 1))), "resources": custom}
+
+
+def where_am_i() -> dict:
+    """Called inside an actor: its node, process and the resources Ray gave it."""
+    import os
+
+    ctx = ray.get_runtime_context()
+    return {
+        "node_id": ctx.get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "pid": os.getpid(),
+        "resources": {k: v for k, v in ctx.get_assigned_resources().items() if v},
+    }
+
+
+def _summary(resources: dict) -> dict:
+    skip = ("node:", "memory", "object_store_memory", "accelerator_type:")
+    return {k: v for k, v in sorted(resources.items()) if not k.startswith(skip)}
+
+
+def wait_placed(groups: list[tuple[str, list, dict]], timeout_s: float) -> list[list[dict]]:
+    """Wait until every actor answers ``placement()``. ``groups`` holds (config
+    field, actor handles, the options they asked for). On timeout, name the field
+    of the first group not placed, what it asked for and what the cluster has."""
+    deadline = time.monotonic() + timeout_s
+    pending = [[h.placement.remote() for h in handles] for _, handles, _ in groups]
+    out = []
+    for (field, handles, options), refs in zip(groups, pending, strict=True):
+        left = max(0.0, deadline - time.monotonic())
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=left)
+        if len(ready) < len(refs):
+            asked = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
+            asked = {k: v for k, v in asked.items() if v}
+            raise PlacementError(
+                f"{field}: {len(refs) - len(ready)} of {len(handles)} actor(s) asking "
+                f"{asked} each were not placed within train.placement_timeout_s={timeout_s:g}s; "
+                f"the cluster has {_summary(ray.cluster_resources())} in total, "
+                f"{_summary(ray.available_resources())} free"
+            )
+        out.append(ray.get(refs))
+    return out

@@ -1,0 +1,111 @@
+"""Where a run's rewards come from: static replica URLs, replicas discovered in
+Redis, and replicas the job starts itself as Ray actors placed by resources
+(each one a ``g2rpo reward-server`` process on its actor's node)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+
+import ray
+
+from ..common.config import G2RPOConfig
+
+TOKEN_VAR = "G2RPO_REWARD_TOKEN"
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class RewardReplica:
+    """Runs one reward-server process next to itself and says where it listens.
+
+    It binds the node's address (workers on other nodes must reach it), so it
+    always serves behind a bearer token."""
+
+    def __init__(self, scorers: str, token: str, redis_url: str | None) -> None:
+        self.args = (scorers, token, redis_url)
+        self.server = None  # started on first use, so placement() answers at once
+
+    def url(self) -> str:
+        if self.server is None:
+            from ..reward_server.process import RewardServerProcess
+
+            scorers, token, redis_url = self.args
+            host = ray.util.get_node_ip_address()
+            args = ["--scorers", scorers, "--host", host, "--token-env", TOKEN_VAR]
+            if redis_url:
+                args += ["--redis-url", redis_url]
+            self.server = RewardServerProcess(
+                *args, env={TOKEN_VAR: token}, quiet=True, host=host, die_with_parent=True
+            )
+        return self.server.url
+
+    def ready(self) -> bool:
+        return bool(self.url())
+
+    def placement(self) -> dict:
+        from .placement import where_am_i
+
+        return where_am_i()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def scorer_specs(cfg: G2RPOConfig) -> dict[str, str]:
+    """name -> "name" or "name=local_dir": the configured rewards plus reward.scorers."""
+    specs: dict[str, str] = {}
+    for entry in [x.name for x in cfg.rewards] + list(cfg.train.reward.scorers):
+        name, _, path = entry.partition("=")
+        if path or name not in specs:
+            specs[name] = entry
+    return specs
+
+
+class RewardSource:
+    """The reward endpoints of a run, handed to the rollout workers each iteration."""
+
+    def __init__(self, cfg: G2RPOConfig, redis_url: str | None) -> None:
+        r = cfg.train.reward
+        self.static_urls, self.redis_url = list(r.urls), redis_url or r.redis_url
+        # by default the job starts one replica only when no external ones are given
+        count = (
+            r.replicas if r.replicas is not None else int(not (self.static_urls or self.redis_url))
+        )
+        if count == 0 and not self.static_urls and not self.redis_url:
+            raise ValueError(
+                "train.reward: no reward servers: give urls or redis_url, or replicas >= 1"
+            )
+        self.token = os.environ.get(r.token_env) if r.token_env else None
+        if r.token_env and not self.token:
+            raise ValueError(f"train.reward.token_env: environment variable {r.token_env} is unset")
+        specs = scorer_specs(cfg)
+        self.scorers = list(specs)
+        if count and self.token is None:
+            self.token = secrets.token_urlsafe(24)  # this job's replicas only
+        from .placement import actor_options
+
+        options = actor_options(r.num_cpus, r.num_gpus, r.resources)
+        self.replicas = [
+            RewardReplica.options(**options).remote(
+                ",".join(specs.values()), self.token, self.redis_url
+            )
+            for _ in range(count)
+        ]
+        self.replica_urls: list[str] = []
+
+    def refresh(self, timeout: float | None = None) -> None:
+        """Ask the job's replicas where they listen (a restarted one moves port)."""
+        if self.replicas:
+            self.replica_urls = ray.get([a.url.remote() for a in self.replicas], timeout=timeout)
+
+    def args(self):
+        return self.static_urls + self.replica_urls, self.redis_url, self.token, self.scorers
+
+    def close(self) -> None:
+        for actor in self.replicas:
+            with contextlib.suppress(ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                ray.get(actor.stop.remote(), timeout=30)  # a dead replica has nothing to stop
+            ray.kill(actor, no_restart=True)
+        self.replicas = []

@@ -1,0 +1,134 @@
+"""Actors placed by resources on a real two-node Ray cluster (two raylets on this
+machine), job-started reward replicas behind a token, and a clear error when the
+cluster cannot place what the config asks for."""
+
+import json
+import time
+
+import pytest
+import ray
+from g2rpo.common.config import load_config
+from g2rpo.learner.driver import read_metrics, train
+from g2rpo.learner.placement import PlacementError, local_cluster_resources
+
+SMALL = [
+    "sampling.num_steps=6",
+    "sampling.sde_steps=[0]",
+    "sampling.granularities=[1]",
+    "sampling.group_size=4",
+    "sampling.prompts_per_worker=1",
+    "train.workers=2",
+    "train.image_size=32",
+    "train.max_sequence_length=16",
+    "train.eval_samples=4",
+    "rewards=[{name: shapes_clip}]",
+]
+
+
+def test_a_local_ray_gets_the_resources_the_config_names():
+    cfg = load_config(
+        None,
+        [
+            "train.workers=3",
+            "train.worker_num_cpus=2",
+            "train.worker_resources={sampler: 0.5}",
+            "train.learner_resources={trainer: 1, sampler: 1}",
+            "train.reward.replicas=2",
+            "train.reward.resources={scorer: 1}",
+        ],
+    )
+    # 3·2 worker CPUs + 1 learner + 2 replicas; sampler 3·0.5 + 1
+    assert local_cluster_resources(cfg) == {
+        "num_cpus": 9,
+        "resources": {"sampler": 2.5, "trainer": 1.0, "scorer": 2.0},
+    }
+    external = load_config(None, ["train.reward.urls=[http://scorer:8300]"])
+    assert (
+        local_cluster_resources(external)["num_cpus"] == 2
+    )  # no job replica: 1 worker + 1 learner
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={  # CPUs to spare on the head: only the custom resources decide
+            "num_cpus": 4,
+            "resources": {"trainer": 1, "scorer": 1},
+            "object_store_memory": 200 * 2**20,
+        },
+    )
+    sampler = cluster.add_node(
+        num_cpus=2, resources={"sampler": 2}, object_store_memory=200 * 2**20
+    )
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield cluster, sampler
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def _over(world, out, name, *extra):
+    return [
+        *SMALL,
+        f"model.pretrained={world / 'pipeline'}",
+        f"run.output_dir={out}",
+        f"run.name={name}",
+        "run.iterations=1",
+        f"train.reward.scorers=[shapes_clip={world / 'shapes_clip'}]",
+        *extra,
+    ]
+
+
+def test_actors_land_where_their_resources_are(two_nodes, quick_world, tmp_path):
+    cluster, sampler = two_nodes
+    run = train(
+        None,
+        _over(
+            quick_world,
+            tmp_path,
+            "placed",
+            "train.worker_resources={sampler: 1}",
+            "train.learner_resources={trainer: 1}",
+            "train.reward.resources={scorer: 1}",
+        ),
+        progress=False,
+    )
+    assert len(read_metrics(run)) == 1
+    placement = json.loads((run / "actors.json").read_text())["placement"]
+    head = cluster.head_node.node_id
+    for worker in placement["rollout_workers"]:
+        assert worker["node_id"] == sampler.node_id and worker["resources"]["sampler"] == 1
+    assert placement["learner"]["node_id"] == head
+    assert placement["learner"]["resources"]["trainer"] == 1
+    (replica,) = placement["reward_replicas"]
+    assert replica["node_id"] == head and replica["resources"]["scorer"] == 1
+    # it listens on the node's address (not loopback), so it served the run behind a token
+    assert replica["url"].startswith(f"http://{replica['node_ip']}:")
+    assert not replica["url"].startswith("http://127.")
+
+
+def test_an_unplaceable_request_fails_naming_the_field(two_nodes, quick_world, tmp_path):
+    before = ray.cluster_resources()["CPU"]
+    with pytest.raises(PlacementError) as err:
+        train(
+            None,
+            _over(
+                quick_world,
+                tmp_path,
+                "nowhere",
+                "train.worker_resources={gpu_box: 1}",
+                "train.placement_timeout_s=15",
+            ),
+            progress=False,
+        )
+    text = str(err.value)
+    assert "train.worker_num_cpus/worker_num_gpus/worker_resources" in text
+    assert "gpu_box" in text and "sampler" in text  # what was asked, what the cluster has
+    # the actors that were placed are gone again: every CPU is free
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0) < before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == before
