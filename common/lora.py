@@ -18,9 +18,11 @@ class AdapterMismatch(ValueError):
     """Adapter weights whose names or shapes differ from the model's adapters."""
 
 
-def add_lora(transformer: torch.nn.Module, options: LoraOptions) -> torch.nn.Module:
+def add_lora(transformer: torch.nn.Module, options: LoraOptions, seed: int) -> torch.nn.Module:
     """Attach adapters in place; the base weights are frozen, only A and B train.
-    B starts at zero, so the adapted model equals the base model until a step."""
+    B starts at zero, so the adapted model equals the base model until a step.
+    A's random init is drawn from ``seed`` (not the global RNG), so a resumed or
+    repeated run starts from the same adapters."""
     from peft import LoraConfig
 
     config = LoraConfig(
@@ -31,7 +33,9 @@ def add_lora(transformer: torch.nn.Module, options: LoraOptions) -> torch.nn.Mod
         lora_dropout=0.0,  # dropout would make rollout and learner log-probs disagree
     )
     try:
-        transformer.add_adapter(config, adapter_name=ADAPTER)
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            transformer.add_adapter(config, adapter_name=ADAPTER)
     except ValueError as exc:
         raise ValueError(f"model.lora.target_modules {options.target_modules}: {exc}") from None
     return transformer

@@ -69,14 +69,16 @@ def _load_call(version, ref, checksum):
     return call
 
 
-def _record_actors(run_dir: Path, workers, placement: dict) -> None:
-    """Where the actors run and the rollout actors' process ids (for operators, and
-    for the fault tests); pids are refreshed every iteration as Ray restarts actors."""
+def _record_actors(run_dir: Path, workers, rewards: RewardSource, placement: dict) -> None:
+    """Where the actors run and the process ids of the rollout actors and reward
+    servers (for operators, and for the fault tests); refreshed every iteration as
+    Ray restarts actors and replicas restart their servers."""
     try:
         pids = ray.get([w.pid.remote() for w in workers], timeout=30)
+        servers = ray.get([r.server_pid.remote() for r in rewards.replicas], timeout=30)
     except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
         return
-    record = {"rollout_workers": pids, "placement": placement}
+    record = {"rollout_workers": pids, "reward_servers": servers, "placement": placement}
     (run_dir / "actors.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
@@ -246,7 +248,7 @@ def train(
                     loaded.append(ray.get(pending))
                 except ray.exceptions.RayActorError:  # restarted by Ray: load again
                     loaded.append(_get_with_retry(_load_call(version, ref, checksum), workers, i))
-            _record_actors(run_dir, workers, placement)
+            _record_actors(run_dir, workers, rewards, placement)
             for i, got in enumerate(loaded):
                 if got != (version, checksum):
                     raise RuntimeError(f"worker {i} loaded {got}, expected {(version, checksum)}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import threading
 
 import ray
 
@@ -25,20 +26,45 @@ class RewardReplica:
     def __init__(self, scorers: str, token: str, redis_url: str | None) -> None:
         self.args = (scorers, token, redis_url)
         self.server = None  # started on first use, so placement() answers at once
+        self.restarts = 0
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    def _start(self, port: int | None = None) -> None:
+        from ..reward_server.process import RewardServerProcess
+
+        scorers, token, redis_url = self.args
+        host = ray.util.get_node_ip_address()
+        args = ["--scorers", scorers, "--host", host, "--token-env", TOKEN_VAR]
+        if redis_url:
+            args += ["--redis-url", redis_url]
+        self.server = RewardServerProcess(
+            *args, env={TOKEN_VAR: token}, quiet=True, host=host, port=port, die_with_parent=True
+        )
+
+    def _watch(self) -> None:
+        """Restart a server process that died, on the same port, so clients that
+        retry the same URL find it again within their deadline."""
+        while not self._stopping.wait(0.5):
+            with self._lock:
+                if self.server.proc.poll() is None:
+                    continue
+                self.restarts += 1
+                try:
+                    self._start(port=self.server.port)
+                except RuntimeError:  # the port was taken meanwhile: a new one
+                    self._start()
 
     def url(self) -> str:
-        if self.server is None:
-            from ..reward_server.process import RewardServerProcess
+        with self._lock:
+            if self.server is None:
+                self._start()
+                threading.Thread(target=self._watch, daemon=True).start()
+            return self.server.url
 
-            scorers, token, redis_url = self.args
-            host = ray.util.get_node_ip_address()
-            args = ["--scorers", scorers, "--host", host, "--token-env", TOKEN_VAR]
-            if redis_url:
-                args += ["--redis-url", redis_url]
-            self.server = RewardServerProcess(
-                *args, env={TOKEN_VAR: token}, quiet=True, host=host, die_with_parent=True
-            )
-        return self.server.url
+    def server_pid(self) -> int:
+        with self._lock:
+            return self.server.proc.pid
 
     def ready(self) -> bool:
         return bool(self.url())
@@ -49,8 +75,10 @@ class RewardReplica:
         return where_am_i()
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
+        self._stopping.set()
+        with self._lock:
+            if self.server is not None:
+                self.server.stop()
 
 
 def scorer_specs(cfg: G2RPOConfig) -> dict[str, str]:

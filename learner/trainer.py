@@ -62,7 +62,7 @@ class LearnerCore:
         ).to(cfg.model.device)
         self.lora = cfg.model.lora is not None
         if self.lora:
-            add_lora(self.transformer, cfg.model.lora)
+            add_lora(self.transformer, cfg.model.lora, seed_for(cfg.run.seed, 0, 0, 2))
         self.transformer.train()
         vae_config = AutoencoderKL.load_config(path, subfolder="vae", local_files_only=True)
         side, _ = latent_size(vae_config, cfg.train.image_size, cfg.train.image_size)

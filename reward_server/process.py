@@ -40,9 +40,10 @@ class RewardServerProcess:
         ready: bool = True,
         quiet: bool = False,
         host: str = "127.0.0.1",
+        port: int | None = None,
         die_with_parent: bool = False,
     ) -> None:
-        self.port = free_port(host)
+        self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         out = subprocess.DEVNULL if quiet else subprocess.PIPE
         self.proc = subprocess.Popen(

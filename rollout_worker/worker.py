@@ -93,7 +93,8 @@ class RolloutWorkerCore:
             resolve_path(cfg.model.pretrained), device=cfg.model.device
         )
         if cfg.model.lora is not None:
-            add_lora(self.comps.transformer, cfg.model.lora)
+            # the init is replaced by the published adapters before any rollout
+            add_lora(self.comps.transformer, cfg.model.lora, seed_for(cfg.run.seed, 0, 0, 2))
         self.comps.transformer.eval()
         size = cfg.train.image_size
         self.model = self.comps.velocity_model(size, size, guidance=cfg.model.guidance)

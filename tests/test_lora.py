@@ -161,3 +161,12 @@ def test_anchor_plan_is_unchanged_by_lora_at_init(quick_world):
         _, _, images = w._sample(anchor_plan(2, 6), prompts, torch.Generator().manual_seed(3))
         outs.append(images)
     assert torch.equal(outs[0], outs[1])
+
+
+def test_adapter_init_depends_on_the_run_seed_only(quick_world):
+    torch.manual_seed(123)  # the global RNG must not matter
+    a = LearnerCore(_cfg(quick_world, *LORA)).weights()[2]
+    torch.rand(5)
+    b = LearnerCore(_cfg(quick_world, *LORA)).weights()[2]
+    c = LearnerCore(_cfg(quick_world, *LORA, "run.seed=1")).weights()[2]
+    assert a == b != c

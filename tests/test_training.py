@@ -134,7 +134,9 @@ def test_stale_trajectories_and_bad_weights_are_refused(quick_world):
         learner.update([stale])
 
 
-def test_rollout_actor_killed_mid_iteration_changes_nothing(ray_local, quick_world, tmp_path):
+def test_rollout_actor_and_reward_server_killed_mid_run_change_nothing(
+    ray_local, quick_world, tmp_path
+):
     import json
     import signal
     import threading
@@ -149,10 +151,14 @@ def test_rollout_actor_killed_mid_iteration_changes_nothing(ray_local, quick_wor
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if metrics.exists() and metrics.read_text().strip() and actors.exists():
-                pid = json.loads(actors.read_text())["rollout_workers"][1]
+                record = json.loads(actors.read_text())
+                pid = record["rollout_workers"][1]
                 time.sleep(0.3)  # into the next iteration
                 os.kill(pid, signal.SIGKILL)
                 killed["pid"] = pid
+                time.sleep(1.0)  # the other worker is rolling out or being scored
+                os.kill(record["reward_servers"][0], signal.SIGKILL)
+                killed["server"] = record["reward_servers"][0]
                 return
             time.sleep(0.02)
 
@@ -160,9 +166,10 @@ def test_rollout_actor_killed_mid_iteration_changes_nothing(ray_local, quick_wor
     thread.start()
     rows = _strip(read_metrics(_run(quick_world, tmp_path, "killed", 3)))
     thread.join(timeout=5)
-    assert "pid" in killed
-    pids = json.loads((run_dir / "actors.json").read_text())["rollout_workers"]
-    assert pids[1] != killed["pid"]  # Ray restarted the actor
+    assert "pid" in killed and "server" in killed
+    record = json.loads((run_dir / "actors.json").read_text())
+    assert record["rollout_workers"][1] != killed["pid"]  # Ray restarted the actor
+    assert record["reward_servers"][0] != killed["server"]  # the replica restarted its server
     # every prompt's trajectory present once, and the same numbers as the calm run
     assert [r["transitions"] for r in rows] == [r["transitions"] for r in reference]
     assert rows == reference
