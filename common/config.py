@@ -60,11 +60,21 @@ class ModelConfig(_Strict):
         None,
         description="Local diffusers pipeline directory; None = the built-in random test model",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="compute dtype: the transformer runs under autocast in it while its "
+        "weights stay float32 (the official code's fp32 master weights + bf16 autocast)",
+    )
     device: str = "cpu"
     guidance: float = Field(3.5, description="FLUX distilled guidance embedding")
     quantize_timestep: bool = Field(True, description="feed floor(1000σ)/1000 as the official code")
     lora: LoraOptions | None = Field(None, description="train LoRA adapters; None = full")
+
+    def autocast_dtype(self):
+        """None for float32, else the torch dtype the transformer computes in."""
+        import torch
+
+        return None if self.dtype == "float32" else getattr(torch, self.dtype)
 
 
 class SamplingConfig(_Strict):

@@ -77,9 +77,17 @@ class FluxComponents:
         h, w = self.latent_size(height, width)
         return (h // 2) * (w // 2), self.transformer.config.in_channels
 
-    def velocity_model(self, height: int, width: int, guidance: float = 3.5) -> FluxVelocity:
+    def velocity_model(
+        self,
+        height: int,
+        width: int,
+        guidance: float = 3.5,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> FluxVelocity:
         h, w = self.latent_size(height, width)
-        return FluxVelocity(self.transformer, h, w, guidance=guidance)
+        return FluxVelocity(
+            self.transformer, h, w, guidance=guidance, autocast_dtype=autocast_dtype
+        )
 
     def encode_prompts(self, prompts: list[str], max_sequence_length: int = 512) -> dict:
         return encode_prompts(

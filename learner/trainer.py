@@ -66,7 +66,13 @@ class LearnerCore:
         self.transformer.train()
         vae_config = AutoencoderKL.load_config(path, subfolder="vae", local_files_only=True)
         side, _ = latent_size(vae_config, cfg.train.image_size, cfg.train.image_size)
-        self.velocity = FluxVelocity(self.transformer, side, side, guidance=cfg.model.guidance)
+        self.velocity = FluxVelocity(
+            self.transformer,
+            side,
+            side,
+            guidance=cfg.model.guidance,
+            autocast_dtype=cfg.model.autocast_dtype(),
+        )
         self.kl_beta = cfg.algorithm.flowgrpo.kl_beta if cfg.algorithm.name == "flowgrpo" else 0.0
         self.reference = None
         if self.kl_beta > 0:
@@ -96,7 +102,13 @@ class LearnerCore:
         import copy
 
         frozen = copy.deepcopy(self.transformer).eval().requires_grad_(False)
-        return FluxVelocity(frozen, side, side, guidance=self.cfg.model.guidance)
+        return FluxVelocity(
+            frozen,
+            side,
+            side,
+            guidance=self.cfg.model.guidance,
+            autocast_dtype=self.cfg.model.autocast_dtype(),
+        )
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """What changes in training: the adapters of a LoRA run, else every weight."""

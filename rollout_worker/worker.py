@@ -97,7 +97,9 @@ class RolloutWorkerCore:
             add_lora(self.comps.transformer, cfg.model.lora, seed_for(cfg.run.seed, 0, 0, 2))
         self.comps.transformer.eval()
         size = cfg.train.image_size
-        self.model = self.comps.velocity_model(size, size, guidance=cfg.model.guidance)
+        self.model = self.comps.velocity_model(
+            size, size, guidance=cfg.model.guidance, autocast_dtype=cfg.model.autocast_dtype()
+        )
         self.grid = sampling_grid(
             cfg.sampling.num_steps, cfg.sampling.shift, cfg.model.quantize_timestep
         )

@@ -1,5 +1,6 @@
-"""LoRA runs: the learner publishes, checkpoints and exports adapters only; workers
-load them strictly; the KL reference is the base model (adapters off)."""
+"""The learner and the rollout workers agree on the policy: LoRA runs publish,
+checkpoint and export adapters only and workers load them strictly; the KL reference
+is the base model; the compute dtype reaches both sides."""
 
 import pytest
 import torch
@@ -170,3 +171,16 @@ def test_adapter_init_depends_on_the_run_seed_only(quick_world):
     b = LearnerCore(_cfg(quick_world, *LORA)).weights()[2]
     c = LearnerCore(_cfg(quick_world, *LORA, "run.seed=1")).weights()[2]
     assert a == b != c
+
+
+def test_compute_dtype_reaches_rollout_and_learner_alike(quick_world):
+    """model.dtype=bfloat16: both sides compute under bf16 autocast over fp32 weights."""
+    cfg = _cfg(quick_world, "model.dtype=bfloat16")
+    learner, worker = LearnerCore(cfg), RolloutWorkerCore(cfg, 0)
+    fp32 = _velocity_out(RolloutWorkerCore(_cfg(quick_world), 0).model)
+    on_learner, on_worker = _velocity_out(learner.velocity), _velocity_out(worker.model)
+    assert torch.equal(on_learner, on_worker)
+    err = float((on_learner - fp32).abs().max())
+    assert 0 < err < 0.05 * float(fp32.abs().max())  # bf16 rounding, not another model
+    stats = learner.update([_synthetic_trajectories(worker, 0, 0)])
+    assert abs(stats["ratio_mean"] - 1) < 1e-2, stats
