@@ -199,9 +199,36 @@ def train(
     eval_prompts = eval_prompts[: cfg.train.eval_samples]
 
     learner, workers, rewards, placement = _start_actors(cfg, redis_url)
+    try:
+        return _loop(
+            cfg,
+            run_dir,
+            (learner, workers, rewards, placement),
+            (train_prompts, eval_prompts),
+            resume=resume is not None,
+            progress=progress,
+            max_iterations=max_iterations,
+        )
+    finally:
+        _stop(learner, workers, rewards)
+
+
+def _loop(
+    cfg: G2RPOConfig,
+    run_dir: Path,
+    actors,
+    prompt_sets,
+    *,
+    resume: bool,
+    progress: bool,
+    max_iterations: int | None,
+) -> Path:
+    """Resume point, then iterations: publish, evaluate, roll out, update, record."""
+    learner, workers, rewards, placement = actors
+    train_prompts, eval_prompts = prompt_sets
     start = 0
     metrics_path = run_dir / "metrics.jsonl"
-    if resume is not None:
+    if resume:
         ckpt = _latest_checkpoint(run_dir)
         if ckpt is not None:
             start = ray.get(learner.load.remote(str(ckpt)))
@@ -316,7 +343,6 @@ def train(
         )
         raise
     finally:
-        _stop(learner, workers, rewards)
         if exporter is not None:
             exporter.close()
     return run_dir
