@@ -207,6 +207,18 @@ class RewardServiceConfig(_Strict):
     scorers: list[str] = Field(
         default_factory=list, description="NAME or NAME=LOCAL_DIR for job-started replicas"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _start_local(cls, data: Any) -> Any:
+        """Run directories written before `replicas` existed say `start_local`."""
+        if isinstance(data, dict) and "start_local" in data:
+            data = dict(data)
+            start = data.pop("start_local")
+            if not start and data.get("replicas") is None:
+                data["replicas"] = 0
+        return data
+
     token_env: str | None = None
     deadline_s: float = Field(300.0, gt=0)
 

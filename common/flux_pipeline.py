@@ -33,9 +33,15 @@ class FluxComponents:
 
     @classmethod
     def load(
-        cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+        cls,
+        path: str | Path,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+        text_encoder_dtype: torch.dtype = torch.float32,
     ) -> FluxComponents:
-        """Load every component from a local FluxPipeline directory (never a hub)."""
+        """Load every component from a local FluxPipeline directory (never a hub).
+        ``dtype``: the transformer's weights; ``text_encoder_dtype``: CLIP's and T5's
+        (T5-XXL is 19 GB in float32)."""
         from diffusers import AutoencoderKL, FluxTransformer2DModel
         from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
@@ -47,12 +53,16 @@ class FluxComponents:
             transformer=FluxTransformer2DModel.from_pretrained(
                 root, subfolder="transformer", torch_dtype=dtype, **kw
             ).to(device),
-            # the VAE and text encoders run in fp32 (the official code decodes in bf16 on GPU)
+            # the VAE decodes in fp32 (the official code decodes in bf16 on GPU)
             vae=AutoencoderKL.from_pretrained(root, subfolder="vae", **kw).to(device).eval(),
-            text_encoder=CLIPTextModel.from_pretrained(root / "text_encoder", **kw)
+            text_encoder=CLIPTextModel.from_pretrained(
+                root / "text_encoder", dtype=text_encoder_dtype, **kw
+            )
             .to(device)
             .eval(),
-            text_encoder_2=T5EncoderModel.from_pretrained(root / "text_encoder_2", **kw)
+            text_encoder_2=T5EncoderModel.from_pretrained(
+                root / "text_encoder_2", dtype=text_encoder_dtype, **kw
+            )
             .to(device)
             .eval(),
             tokenizer=AutoTokenizer.from_pretrained(root / "tokenizer", **kw),

@@ -37,7 +37,13 @@ def add_lora(transformer: torch.nn.Module, options: LoraOptions, seed: int) -> t
             torch.manual_seed(seed)
             transformer.add_adapter(config, adapter_name=ADAPTER)
     except ValueError as exc:
+        if "not found" not in str(exc):
+            raise
         raise ValueError(f"model.lora.target_modules {options.target_modules}: {exc}") from None
+    # adapters on a bf16/fp16 base are created in its dtype; they train in fp32
+    from peft.tuners.tuners_utils import cast_adapter_dtype
+
+    cast_adapter_dtype(transformer, ADAPTER, autocast_adapter_dtype=True)
     return transformer
 
 

@@ -242,11 +242,13 @@ def _cmd_reward_server(args: argparse.Namespace) -> int:
         max_wait_ms=args.max_wait_ms,
         advertise_url=args.advertise_url,
         heartbeat_ttl_s=args.heartbeat_ttl,
+        device=args.device,
     )
     if args.replica_id:
         fields["replica_id"] = args.replica_id
     settings = ServerSettings(**fields)
     settings.check_bind()
+    settings.check_device()
     print(
         f"reward server {settings.replica_id} on {settings.url()} serving "
         f"{', '.join(s.name for s in settings.scorers)}"
@@ -334,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--redis-url", default=None, help="register for discovery and share a cache")
     rs.add_argument("--token-env", default=None, help="env var holding the bearer token")
     rs.add_argument("--insecure", action="store_true", help="allow a public bind without token")
+    rs.add_argument("--device", default="cpu", help="where model scorers run: cpu, cuda, cuda:1")
     rs.add_argument("--max-batch", type=int, default=64, help="images per scorer call")
     rs.add_argument("--max-wait-ms", type=float, default=5.0, help="batching window")
     rs.add_argument("--heartbeat-ttl", type=float, default=6.0, help="registration TTL (s)")

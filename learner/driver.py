@@ -6,7 +6,6 @@ iteration, worker), so a redone rollout or a resumed run reproduces itself."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,9 +17,7 @@ from tqdm.auto import tqdm
 
 from ..common.config import G2RPOConfig, dump_config, load_config
 from ..common.shapes import split_combinations
-from .actors import Learner, RolloutWorker
-from .placement import actor_options, local_cluster_resources, wait_placed
-from .reward_replicas import RewardSource
+from .cluster import RunActors, record_actors, start_actors
 
 CKPT = "checkpoints"
 
@@ -67,75 +64,6 @@ def _load_call(version, ref, checksum):
         return worker.load_weights.remote(version, ref, checksum)
 
     return call
-
-
-def _record_actors(run_dir: Path, workers, rewards: RewardSource, placement: dict) -> None:
-    """Where the actors run and the process ids of the rollout actors and reward
-    servers (for operators, and for the fault tests); refreshed every iteration as
-    Ray restarts actors and replicas restart their servers."""
-    try:
-        pids = ray.get([w.pid.remote() for w in workers], timeout=30)
-        servers = ray.get([r.server_pid.remote() for r in rewards.replicas], timeout=30)
-    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-        return
-    record = {"rollout_workers": pids, "reward_servers": servers, "placement": placement}
-    (run_dir / "actors.json").write_text(json.dumps(record, indent=1) + "\n")
-
-
-def _start_actors(cfg: G2RPOConfig, redis_url: str | None):
-    """Ray (local unless RAY_ADDRESS points at a cluster), the reward replicas, the
-    learner and the rollout workers, each placed by the resources the config asks."""
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(address="auto", log_to_driver=False)
-        else:
-            ray.init(
-                **local_cluster_resources(cfg),
-                include_dashboard=False,
-                log_to_driver=False,
-                object_store_memory=512 * 2**20,
-            )
-    t, cfg_dict = cfg.train, cfg.model_dump(mode="json")
-    rewards = RewardSource(cfg, redis_url)
-    learner_opts = actor_options(t.learner_num_cpus, t.learner_num_gpus, t.learner_resources)
-    worker_opts = actor_options(t.worker_num_cpus, t.worker_num_gpus, t.worker_resources)
-    learner = Learner.options(**learner_opts).remote(cfg_dict)
-    workers = [RolloutWorker.options(**worker_opts).remote(cfg_dict, i) for i in range(t.workers)]
-    r = t.reward
-    reward_opts = actor_options(r.num_cpus, r.num_gpus, r.resources)
-    try:
-        placed_rewards, (placed_learner,), placed_workers = wait_placed(
-            [
-                ("train.reward (num_cpus/num_gpus/resources)", rewards.replicas, reward_opts),
-                (
-                    "train.learner_num_cpus/learner_num_gpus/learner_resources",
-                    [learner],
-                    learner_opts,
-                ),
-                ("train.worker_num_cpus/worker_num_gpus/worker_resources", workers, worker_opts),
-            ],
-            t.placement_timeout_s,
-        )
-        # placed; now load the models and start the servers (errors surface here)
-        ray.get([a.ready.remote() for a in [*rewards.replicas, learner, *workers]])
-    except BaseException:
-        _stop(learner, workers, rewards)
-        raise
-    rewards.refresh()
-    for info, url in zip(placed_rewards, rewards.replica_urls, strict=True):
-        info["url"] = url
-    placement = {
-        "learner": placed_learner,
-        "rollout_workers": placed_workers,
-        "reward_replicas": placed_rewards,
-    }
-    return learner, workers, rewards, placement
-
-
-def _stop(learner, workers, rewards: RewardSource) -> None:
-    rewards.close()
-    for actor in [learner, *workers]:
-        ray.kill(actor, no_restart=True)
 
 
 def _redo(version, ref, checksum, iteration, prompts, reward_args):
@@ -198,25 +126,25 @@ def train(
     train_prompts, eval_prompts = _prompts(cfg.train.prompts), _prompts(cfg.train.eval_prompts)
     eval_prompts = eval_prompts[: cfg.train.eval_samples]
 
-    learner, workers, rewards, placement = _start_actors(cfg, redis_url)
+    actors = start_actors(cfg, redis_url)
     try:
         return _loop(
             cfg,
             run_dir,
-            (learner, workers, rewards, placement),
+            actors,
             (train_prompts, eval_prompts),
             resume=resume is not None,
             progress=progress,
             max_iterations=max_iterations,
         )
     finally:
-        _stop(learner, workers, rewards)
+        actors.stop()
 
 
 def _loop(
     cfg: G2RPOConfig,
     run_dir: Path,
-    actors,
+    actors: RunActors,
     prompt_sets,
     *,
     resume: bool,
@@ -224,7 +152,7 @@ def _loop(
     max_iterations: int | None,
 ) -> Path:
     """Resume point, then iterations: publish, evaluate, roll out, update, record."""
-    learner, workers, rewards, placement = actors
+    learner, workers, rewards = actors.learner, actors.workers, actors.rewards
     train_prompts, eval_prompts = prompt_sets
     start = 0
     metrics_path = run_dir / "metrics.jsonl"
@@ -275,7 +203,7 @@ def _loop(
                     loaded.append(ray.get(pending))
                 except ray.exceptions.RayActorError:  # restarted by Ray: load again
                     loaded.append(_get_with_retry(_load_call(version, ref, checksum), workers, i))
-            _record_actors(run_dir, workers, rewards, placement)
+            record_actors(run_dir, actors)
             for i, got in enumerate(loaded):
                 if got != (version, checksum):
                     raise RuntimeError(f"worker {i} loaded {got}, expected {(version, checksum)}")
@@ -327,14 +255,14 @@ def _loop(
             done = it + 1
             if done % cfg.train.checkpoint_every == 0 or done == end:
                 ray.get(learner.save.remote(str(run_dir / CKPT / f"it_{done:05d}.pt")))
-            if done == cfg.run.iterations:  # the trained weights, in a diffusers layout
-                ray.get(learner.export.remote(str(run_dir / "final")))
             main = cfg.rewards[0].name
             bar.set_postfix(
                 reward=f"{row[f'reward/{main}']:.3f}",
                 loss=f"{row['loss']:.2e}",
                 it_s=f"{row['time/iteration_s']:.1f}",
             )
+        if done == cfg.run.iterations and not (run_dir / "final").exists():
+            _export(learner, run_dir)
     except KeyboardInterrupt:
         ray.get(learner.save.remote(str(run_dir / CKPT / f"it_{done:05d}.pt")))
         print(
@@ -346,6 +274,17 @@ def _loop(
         if exporter is not None:
             exporter.close()
     return run_dir
+
+
+def _export(learner, run_dir: Path) -> None:
+    """The trained weights in a diffusers layout under final/, written aside and
+    renamed, so a final/ that exists is complete (a resume re-exports otherwise)."""
+    import shutil
+
+    partial = run_dir / "final.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    ray.get(learner.export.remote(str(partial)))
+    partial.rename(run_dir / "final")
 
 
 def _grid(path: Path, images: np.ndarray, prompts: list[str], per_row: int = 8) -> None:

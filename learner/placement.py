@@ -3,6 +3,7 @@ clearly which request the cluster cannot meet instead of waiting forever."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import ray
@@ -32,7 +33,9 @@ def local_cluster_resources(cfg: G2RPOConfig) -> dict:
             custom[name] = custom.get(name, 0.0) + count * amount
     for name, amount in r.resources.items():
         custom[name] = custom.get(name, 0.0) + replicas * amount
-    return {"num_cpus": max(2, int(-(-cpus // 1))), "resources": custom}
+    # a node declares whole units (Ray refuses 2.5); actors may still ask fractions
+    whole = {name: float(math.ceil(amount)) for name, amount in custom.items()}
+    return {"num_cpus": max(2, math.ceil(cpus)), "resources": whole}
 
 
 def where_am_i() -> dict:

@@ -4,7 +4,6 @@ Redis, and replicas the job starts itself as Ray actors placed by resources
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import threading
@@ -21,53 +20,77 @@ class RewardReplica:
     """Runs one reward-server process next to itself and says where it listens.
 
     It binds the node's address (workers on other nodes must reach it), so it
-    always serves behind a bearer token."""
+    always serves behind a bearer token. A watchdog restarts a dead server on the
+    same port, so clients retrying the same URL find it again."""
 
-    def __init__(self, scorers: str, token: str, redis_url: str | None) -> None:
-        self.args = (scorers, token, redis_url)
-        self.server = None  # started on first use, so placement() answers at once
+    def __init__(self, scorers: str, token: str, redis_url: str | None, device: str) -> None:
+        self.args = (scorers, token, redis_url, device)
+        self.server = None
         self.restarts = 0
+        self.error: str | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            self.url()  # a restarted replica serves at once, not at the next refresh
+        # else: started on first use, so placement() answers as soon as Ray places it
 
     def _start(self, port: int | None = None) -> None:
         from ..reward_server.process import RewardServerProcess
 
-        scorers, token, redis_url = self.args
+        scorers, token, redis_url, device = self.args
         host = ray.util.get_node_ip_address()
         args = ["--scorers", scorers, "--host", host, "--token-env", TOKEN_VAR]
+        args += ["--device", device]
         if redis_url:
             args += ["--redis-url", redis_url]
-        self.server = RewardServerProcess(
-            *args, env={TOKEN_VAR: token}, quiet=True, host=host, port=port, die_with_parent=True
-        )
+        try:
+            self.server = RewardServerProcess(
+                *args,
+                env={TOKEN_VAR: token},
+                quiet=True,
+                host=host,
+                port=port,
+                die_with_parent=True,
+            )
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"train.reward.scorers / rewards (scorers {scorers}): {exc}"
+            ) from None
 
     def _watch(self) -> None:
-        """Restart a server process that died, on the same port, so clients that
-        retry the same URL find it again within their deadline."""
-        while not self._stopping.wait(0.5):
+        backoff = 0.5
+        while not self._stopping.wait(backoff):
             with self._lock:
+                if self._stopping.is_set():
+                    return
                 if self.server.proc.poll() is None:
+                    backoff = 0.5
                     continue
-                self.restarts += 1
                 try:
-                    self._start(port=self.server.port)
-                except RuntimeError:  # the port was taken meanwhile: a new one
-                    self._start()
+                    try:
+                        self._start(port=self.server.port)
+                    except RuntimeError:  # the port was taken meanwhile: a new one
+                        self._start()
+                    self.restarts += 1
+                    self.error, backoff = None, 0.5
+                except Exception as exc:  # keep trying; url() reports why meanwhile
+                    self.error, backoff = f"{type(exc).__name__}: {exc}", min(backoff * 2, 30.0)
 
     def url(self) -> str:
         with self._lock:
             if self.server is None:
                 self._start()
                 threading.Thread(target=self._watch, daemon=True).start()
+            if self.error is not None:
+                raise RuntimeError(f"reward replica cannot restart its server: {self.error}")
             return self.server.url
-
-    def server_pid(self) -> int:
-        with self._lock:
-            return self.server.proc.pid
 
     def ready(self) -> bool:
         return bool(self.url())
+
+    def server_pid(self) -> int | None:
+        with self._lock:
+            return self.server.proc.pid if self.server is not None else None
 
     def placement(self) -> dict:
         from .placement import where_am_i
@@ -110,14 +133,18 @@ class RewardSource:
             raise ValueError(f"train.reward.token_env: environment variable {r.token_env} is unset")
         specs = scorer_specs(cfg)
         self.scorers = list(specs)
+        # A replica with a job-only token registers in Redis only when the token is
+        # shared (token_env): other jobs discovering it would just be refused.
+        register = self.redis_url if r.token_env else None
         if count and self.token is None:
             self.token = secrets.token_urlsafe(24)  # this job's replicas only
         from .placement import actor_options
 
         options = actor_options(r.num_cpus, r.num_gpus, r.resources)
+        device = "cuda" if r.num_gpus > 0 else "cpu"
         self.replicas = [
             RewardReplica.options(**options).remote(
-                ",".join(specs.values()), self.token, self.redis_url
+                ",".join(specs.values()), self.token, register, device
             )
             for _ in range(count)
         ]
@@ -132,8 +159,10 @@ class RewardSource:
         return self.static_urls + self.replica_urls, self.redis_url, self.token, self.scorers
 
     def close(self) -> None:
+        """Stop every replica's server (one wait for all), then end the actors."""
+        stops = [a.stop.remote() for a in self.replicas]
+        if stops:
+            ray.wait(stops, num_returns=len(stops), timeout=30)
         for actor in self.replicas:
-            with contextlib.suppress(ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
-                ray.get(actor.stop.remote(), timeout=30)  # a dead replica has nothing to stop
             ray.kill(actor, no_restart=True)
         self.replicas = []

@@ -12,7 +12,13 @@ from ..common.flux_pipeline import latent_size
 from ..common.lora import BaseModelVelocity, adapter_state, add_lora, load_adapter_state
 from ..common.schedules import sampling_grid
 from ..rollout_worker.engine import Transitions
-from ..rollout_worker.worker import Trajectories, resolve_path, seed_for, weights_checksum
+from ..rollout_worker.worker import (
+    Trajectories,
+    base_weights_dtype,
+    resolve_path,
+    seed_for,
+    weights_checksum,
+)
 from .advantages import plan_advantages
 from .grpo import StepSpec, grpo_update
 
@@ -56,9 +62,17 @@ class LearnerCore:
 
         torch.set_num_threads(cfg.train.worker_threads)
         self.cfg = cfg
+        if cfg.model.dtype == "float16":
+            raise ValueError(
+                "model.dtype float16: training needs loss scaling, which g2rpo does not do; "
+                "use bfloat16 (or float32)"
+            )
         path = resolve_path(cfg.model.pretrained)
         self.transformer = FluxTransformer2DModel.from_pretrained(
-            path, subfolder="transformer", local_files_only=True
+            path,
+            subfolder="transformer",
+            local_files_only=True,
+            torch_dtype=base_weights_dtype(cfg),
         ).to(cfg.model.device)
         self.lora = cfg.model.lora is not None
         if self.lora:

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -23,13 +24,22 @@ def g2rpo_executable() -> str:
     return shutil.which("g2rpo") or os.path.join(os.path.dirname(sys.executable), "g2rpo")
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGTERM the child when the process that started it dies, so a killed
-    Ray actor does not leave its server behind (no portable stdlib way exists)."""
+def _parent_death_signal():
+    """Linux: a preexec hook that makes the child get SIGTERM when the thread that
+    started it dies, so a killed Ray actor does not leave its server behind (no
+    stdlib way exists). libc is resolved here, in the parent: after fork, in a
+    threaded process, the child must not import or dlopen anything."""
+    if not sys.platform.startswith("linux"):
+        return None
     import ctypes
 
+    prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
     PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    def hook() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return hook
 
 
 class RewardServerProcess:
@@ -45,34 +55,46 @@ class RewardServerProcess:
     ) -> None:
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
-        out = subprocess.DEVNULL if quiet else subprocess.PIPE
+        # quiet: the output goes to a file (open as long as the process runs) that is
+        # read back only if the start fails
+        self._log = tempfile.TemporaryFile(mode="w+") if quiet else None  # noqa: SIM115
         self.proc = subprocess.Popen(
             [g2rpo_executable(), "reward-server", "--port", str(self.port), *args],
-            stdout=out,
+            stdout=self._log or subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, **(env or {})},
-            preexec_fn=_die_with_parent if die_with_parent and sys.platform == "linux" else None,
+            preexec_fn=_parent_death_signal() if die_with_parent else None,
         )
         if ready:
-            self.wait_ready()
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.kill()  # never leave a half-started server holding the port
+                raise
+
+    def _output(self) -> str:
+        if self._log is not None:
+            self._log.seek(0)
+            return self._log.read()[-2000:]
+        return self.proc.stdout.read() if self.proc.stdout else ""
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                said = self.proc.stdout.read() if self.proc.stdout else ""
-                raise RuntimeError(f"reward server exited at start: {said}")
+                raise RuntimeError(f"reward server exited at start: {self._output().strip()}")
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError("reward server not ready in time")
+        raise RuntimeError(f"reward server not ready in {timeout:.0f} s")
 
     def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
 
     def stop(self) -> None:

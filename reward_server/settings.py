@@ -43,6 +43,7 @@ class ServerSettings(BaseModel):
         default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
     )
     advertise_url: str | None = None
+    device: str = Field("cpu", description="where model scorers (CLIP, PickScore) run")
 
     def url(self) -> str:
         return self.advertise_url or f"http://{self.host}:{self.port}"
@@ -55,6 +56,15 @@ class ServerSettings(BaseModel):
             f"--host {self.host} is reachable from other machines: set a token with --token-env "
             "VAR, or pass --insecure to serve without one"
         )
+
+    def check_device(self) -> None:
+        if self.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError(f"--device {self.device}: no CUDA device is visible here")
+        elif self.device != "cpu":
+            raise ValueError(f"--device {self.device!r}: use cpu, cuda or cuda:N")
 
 
 def is_loopback(host: str) -> bool:

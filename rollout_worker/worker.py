@@ -41,6 +41,14 @@ def resolve_path(path: str) -> Path:
     return repo if repo.exists() else p
 
 
+def base_weights_dtype(cfg: G2RPOConfig) -> torch.dtype:
+    """Trained weights stay float32 (master weights; compute is autocast to
+    model.dtype). A LoRA run never trains the base, so it is held in model.dtype."""
+    if cfg.model.lora is not None and cfg.model.dtype != "float32":
+        return getattr(torch, cfg.model.dtype)
+    return torch.float32
+
+
 def seed_for(seed: int, iteration: int, worker: int, stream: int = 0) -> int:
     """Seeds are pure functions of (run seed, iteration, worker): a redone rollout, a
     restarted actor and a resumed run all draw the same noise."""
@@ -90,7 +98,10 @@ class RolloutWorkerCore:
         if cfg.model.pretrained is None:
             raise ValueError("model.pretrained: a local pipeline directory is needed for training")
         self.comps = FluxComponents.load(
-            resolve_path(cfg.model.pretrained), device=cfg.model.device
+            resolve_path(cfg.model.pretrained),
+            dtype=base_weights_dtype(cfg),
+            device=cfg.model.device,
+            text_encoder_dtype=cfg.model.autocast_dtype() or torch.float32,
         )
         if cfg.model.lora is not None:
             # the init is replaced by the published adapters before any rollout

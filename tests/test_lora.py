@@ -184,3 +184,22 @@ def test_compute_dtype_reaches_rollout_and_learner_alike(quick_world):
     assert 0 < err < 0.05 * float(fp32.abs().max())  # bf16 rounding, not another model
     stats = learner.update([_synthetic_trajectories(worker, 0, 0)])
     assert abs(stats["ratio_mean"] - 1) < 1e-2, stats
+
+
+def test_lora_on_a_bf16_base_trains_fp32_adapters(quick_world):
+    cfg = _cfg(quick_world, *LORA, "model.dtype=bfloat16")
+    learner, worker = LearnerCore(cfg), RolloutWorkerCore(cfg, 0)
+    for model in (learner.transformer, worker.comps.transformer):
+        dtypes = {("lora_" in n, p.dtype) for n, p in model.named_parameters()}
+        assert dtypes == {(False, torch.bfloat16), (True, torch.float32)}
+    assert worker.comps.text_encoder_2.dtype == torch.bfloat16
+    learner.update([_synthetic_trajectories(worker, 0, 0)])
+    version, state, checksum = learner.weights()
+    assert all(t.dtype == torch.float32 for t in state.values())
+    worker.load_weights(version, state, checksum)
+    assert torch.equal(_velocity_out(worker.model), _velocity_out(learner.velocity))
+
+
+def test_float16_training_is_refused_naming_the_field(quick_world):
+    with pytest.raises(ValueError, match=r"model\.dtype float16"):
+        LearnerCore(_cfg(quick_world, "model.dtype=float16"))

@@ -37,10 +37,11 @@ def test_a_local_ray_gets_the_resources_the_config_names():
             "train.reward.resources={scorer: 1}",
         ],
     )
-    # 3·2 worker CPUs + 1 learner + 2 replicas; sampler 3·0.5 + 1
+    # 3·2 worker CPUs + 1 learner + 2 replicas; sampler 3·0.5 + 1 = 2.5, rounded up
+    # to whole units (a node cannot declare 2.5)
     assert local_cluster_resources(cfg) == {
         "num_cpus": 9,
-        "resources": {"sampler": 2.5, "trainer": 1.0, "scorer": 2.0},
+        "resources": {"sampler": 3.0, "trainer": 1.0, "scorer": 2.0},
     }
     external = load_config(None, ["train.reward.urls=[http://scorer:8300]"])
     assert (
@@ -132,3 +133,59 @@ def test_an_unplaceable_request_fails_naming_the_field(two_nodes, quick_world, t
     while ray.available_resources().get("CPU", 0) < before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU", 0) == before
+
+
+def test_job_replicas_need_the_job_token_restart_and_stop(two_nodes, quick_world):
+    import os
+    import signal
+
+    import httpx
+    from g2rpo.learner.reward_replicas import RewardSource
+
+    cfg = load_config(
+        None,
+        [
+            "train.reward.replicas=1",
+            f"train.reward.scorers=[shapes_clip={quick_world / 'shapes_clip'}]",
+        ],
+    )
+    source = RewardSource(cfg, None)
+    try:
+        (replica,) = source.replicas
+        ray.get(replica.ready.remote())
+        source.refresh()
+        (url,), token = source.replica_urls, source.token
+        assert httpx.get(f"{url}/v1/scorers").status_code == 401
+        ok = httpx.get(f"{url}/v1/scorers", headers={"Authorization": f"Bearer {token}"})
+        assert ok.status_code == 200 and "shapes_clip" in ok.text
+        # the server dies; the replica brings it back on the same URL
+        pid = ray.get(replica.server_pid.remote())
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            new_pid = ray.get(replica.server_pid.remote())
+            try:
+                if new_pid != pid and httpx.get(f"{url}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        assert new_pid != pid and ray.get(replica.url.remote()) == url
+    finally:
+        source.close()
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):  # stopped with the run, not left behind
+        os.kill(new_pid, 0)
+
+
+def test_a_replica_that_cannot_start_says_why(two_nodes):
+    from g2rpo.learner.reward_replicas import RewardSource
+
+    source = RewardSource(load_config(None, ["rewards=[{name: no_such_scorer}]"]), None)
+    try:
+        with pytest.raises(ray.exceptions.RayTaskError) as err:
+            ray.get(source.replicas[0].ready.remote())
+        assert "train.reward.scorers / rewards" in str(err.value)
+        assert "unknown scorer 'no_such_scorer'" in str(err.value)
+    finally:
+        source.close()

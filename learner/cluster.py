@@ -1,0 +1,114 @@
+"""The run's actors on Ray: start them where the config's resources say (and stop
+whatever started if anything fails), record where they run, stop them."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+
+from ..common.config import G2RPOConfig
+from .actors import Learner, RolloutWorker
+from .placement import actor_options, local_cluster_resources, wait_placed
+from .reward_replicas import RewardSource
+
+
+@dataclass
+class RunActors:
+    learner: object = None
+    workers: list = field(default_factory=list)
+    rewards: RewardSource | None = None
+
+    def stop(self) -> None:
+        if self.rewards is not None:
+            self.rewards.close()
+        for actor in [self.learner, *self.workers]:
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+
+
+def record_actors(run_dir: Path, actors: RunActors) -> None:
+    """Where every actor runs (node, pid, assigned resources) and the reward servers'
+    pids, for operators and the fault tests; rewritten every iteration, as Ray
+    restarts actors and replicas restart their servers."""
+    rewards = actors.rewards
+    try:
+        placed = ray.get(
+            [a.placement.remote() for a in [actors.learner, *actors.workers, *rewards.replicas]],
+            timeout=30,
+        )
+        servers = ray.get([r.server_pid.remote() for r in rewards.replicas], timeout=30)
+    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+        return  # an actor is restarting: the next iteration records it
+    n = len(actors.workers)
+    replicas = [
+        {**info, "url": url, "server_pid": pid}
+        for info, url, pid in zip(placed[1 + n :], rewards.replica_urls, servers, strict=True)
+    ]
+    record = {
+        "rollout_workers": [info["pid"] for info in placed[1 : 1 + n]],
+        "reward_servers": servers,
+        "placement": {
+            "learner": placed[0],
+            "rollout_workers": placed[1 : 1 + n],
+            "reward_replicas": replicas,
+        },
+    }
+    (run_dir / "actors.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
+    """Ray (local unless RAY_ADDRESS points at a cluster), the reward replicas, the
+    learner and the rollout workers, each placed by the resources the config asks.
+    Whatever was started is stopped again if any of it fails."""
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address="auto", log_to_driver=False)
+        else:
+            ray.init(
+                **local_cluster_resources(cfg),
+                include_dashboard=False,
+                log_to_driver=False,
+                object_store_memory=512 * 2**20,
+            )
+    t, r, cfg_dict = cfg.train, cfg.train.reward, cfg.model_dump(mode="json")
+    learner_opts = actor_options(t.learner_num_cpus, t.learner_num_gpus, t.learner_resources)
+    worker_opts = actor_options(t.worker_num_cpus, t.worker_num_gpus, t.worker_resources)
+    actors = RunActors()
+    try:
+        actors.rewards = RewardSource(cfg, redis_url)
+        actors.learner = Learner.options(**learner_opts).remote(cfg_dict)
+        actors.workers = [
+            RolloutWorker.options(**worker_opts).remote(cfg_dict, i) for i in range(t.workers)
+        ]
+        wait_placed(
+            [
+                (
+                    "train.reward (num_cpus/num_gpus/resources)",
+                    actors.rewards.replicas,
+                    actor_options(r.num_cpus, r.num_gpus, r.resources),
+                ),
+                (
+                    "train.learner_num_cpus/learner_num_gpus/learner_resources",
+                    [actors.learner],
+                    learner_opts,
+                ),
+                (
+                    "train.worker_num_cpus/worker_num_gpus/worker_resources",
+                    actors.workers,
+                    worker_opts,
+                ),
+            ],
+            t.placement_timeout_s,
+        )
+        # placed; now load the models and start the servers (errors surface here)
+        everyone = [*actors.rewards.replicas, actors.learner, *actors.workers]
+        ray.get([a.ready.remote() for a in everyone])
+        actors.rewards.refresh()
+    except BaseException:
+        actors.stop()
+        raise
+    return actors
