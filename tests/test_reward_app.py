@@ -213,3 +213,16 @@ def test_png_of_another_format_is_refused(client):
         client, raw=[("images", ("a.jpg", buf.getvalue(), "image/jpeg"))], prompts=PROMPTS[:1]
     )
     assert r.status_code == 422 and "PNG" in r.json()["detail"]
+
+
+def test_scorer_device_is_checked_at_start():
+    import torch
+
+    _settings(device="cpu").check_device()
+    with pytest.raises(ValueError, match="--device 'tpu'"):
+        _settings(device="tpu").check_device()
+    if not torch.cuda.is_available():  # CI: no GPU, so asking for one fails at start
+        with pytest.raises(ValueError, match="no CUDA device"):
+            _settings(device="cuda").check_device()
+    else:
+        _settings(device="cuda").check_device()
