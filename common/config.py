@@ -70,6 +70,13 @@ class ModelConfig(_Strict):
     quantize_timestep: bool = Field(True, description="feed floor(1000σ)/1000 as the official code")
     lora: LoraOptions | None = Field(None, description="train LoRA adapters; None = full")
 
+    def check_trainable(self) -> None:
+        if self.dtype == "float16":
+            raise ValueError(
+                "model.dtype float16: training needs loss scaling, which g2rpo does not do; "
+                "use bfloat16 (or float32)"
+            )
+
     def autocast_dtype(self):
         """None for float32, else the torch dtype the transformer computes in."""
         import torch

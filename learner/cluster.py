@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,14 +37,13 @@ def record_actors(run_dir: Path, actors: RunActors) -> None:
     restarts actors and replicas restart their servers."""
     rewards = actors.rewards
     try:
-        placed = ray.get(
-            [a.placement.remote() for a in [actors.learner, *actors.workers, *rewards.replicas]],
-            timeout=30,
-        )
-        servers = ray.get([r.server_pid.remote() for r in rewards.replicas], timeout=30)
+        calls = [a.placement.remote() for a in [actors.learner, *actors.workers, *rewards.replicas]]
+        calls += [r.server_pid.remote() for r in rewards.replicas]
+        answers = ray.get(calls, timeout=30)
     except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
         return  # an actor is restarting: the next iteration records it
-    n = len(actors.workers)
+    n, m = len(actors.workers), len(rewards.replicas)
+    placed, servers = answers[: len(answers) - m], answers[len(answers) - m :]
     replicas = [
         {**info, "url": url, "server_pid": pid}
         for info, url, pid in zip(placed[1 + n :], rewards.replica_urls, servers, strict=True)
@@ -57,7 +57,12 @@ def record_actors(run_dir: Path, actors: RunActors) -> None:
             "reward_replicas": replicas,
         },
     }
-    (run_dir / "actors.json").write_text(json.dumps(record, indent=1) + "\n")
+    try:  # readers (operators, tests) never see a half-written file
+        tmp = run_dir / "actors.json.tmp"
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(tmp, run_dir / "actors.json")
+    except OSError as exc:  # a full or read-only disk must not end the run here
+        print(f"could not write {run_dir / 'actors.json'}: {exc}", file=sys.stderr)
 
 
 def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
@@ -107,7 +112,7 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
         # placed; now load the models and start the servers (errors surface here)
         everyone = [*actors.rewards.replicas, actors.learner, *actors.workers]
         ray.get([a.ready.remote() for a in everyone])
-        actors.rewards.refresh()
+        actors.rewards.refresh(strict=True)
     except BaseException:
         actors.stop()
         raise

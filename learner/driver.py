@@ -123,6 +123,7 @@ def train(
             )
         (run_dir / CKPT).mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump_config(cfg))
+    cfg.model.check_trainable()  # before any actor loads a model
     train_prompts, eval_prompts = _prompts(cfg.train.prompts), _prompts(cfg.train.eval_prompts)
     eval_prompts = eval_prompts[: cfg.train.eval_samples]
 
@@ -160,6 +161,11 @@ def _loop(
         ckpt = _latest_checkpoint(run_dir)
         if ckpt is not None:
             start = ray.get(learner.load.remote(str(ckpt)))
+        if start > cfg.run.iterations:
+            raise ValueError(
+                f"run.iterations={cfg.run.iterations}: the run's checkpoint is already at "
+                f"iteration {start}; resume with --set run.iterations=N for N >= {start}"
+            )
         kept = [
             ln
             for ln in (metrics_path.read_text().splitlines() if metrics_path.exists() else [])
@@ -203,11 +209,11 @@ def _loop(
                     loaded.append(ray.get(pending))
                 except ray.exceptions.RayActorError:  # restarted by Ray: load again
                     loaded.append(_get_with_retry(_load_call(version, ref, checksum), workers, i))
-            record_actors(run_dir, actors)
             for i, got in enumerate(loaded):
                 if got != (version, checksum):
                     raise RuntimeError(f"worker {i} loaded {got}, expected {(version, checksum)}")
             t1 = time.perf_counter()
+            record_actors(run_dir, actors)  # outside the timed phases
             row: dict = {"iteration": it, "version": version, "weights_bytes": nbytes}
             if it % cfg.train.eval_every == 0 or it == end - 1:
                 images, scores = _get_with_retry(
@@ -261,7 +267,9 @@ def _loop(
                 loss=f"{row['loss']:.2e}",
                 it_s=f"{row['time/iteration_s']:.1f}",
             )
-        if done == cfg.run.iterations and not (run_dir / "final").exists():
+        # this session trained the last iteration, or an earlier one stopped before
+        # its export: final/ gets (or replaces) the trained weights
+        if done == cfg.run.iterations and (done > start or not (run_dir / "final").exists()):
             _export(learner, run_dir)
     except KeyboardInterrupt:
         ray.get(learner.save.remote(str(run_dir / CKPT / f"it_{done:05d}.pt")))
@@ -278,13 +286,17 @@ def _loop(
 
 def _export(learner, run_dir: Path) -> None:
     """The trained weights in a diffusers layout under final/, written aside and
-    renamed, so a final/ that exists is complete (a resume re-exports otherwise)."""
+    swapped in, so a final/ that exists is always complete."""
     import shutil
 
-    partial = run_dir / "final.partial"
+    final, partial, old = (run_dir / n for n in ("final", "final.partial", "final.old"))
     shutil.rmtree(partial, ignore_errors=True)
     ray.get(learner.export.remote(str(partial)))
-    partial.rename(run_dir / "final")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    partial.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _grid(path: Path, images: np.ndarray, prompts: list[str], per_row: int = 8) -> None:

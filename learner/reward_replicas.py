@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import threading
 
 import ray
@@ -20,21 +21,28 @@ class RewardReplica:
     """Runs one reward-server process next to itself and says where it listens.
 
     It binds the node's address (workers on other nodes must reach it), so it
-    always serves behind a bearer token. A watchdog restarts a dead server on the
-    same port, so clients retrying the same URL find it again."""
+    always serves behind a bearer token. One watchdog thread starts the server and
+    restarts it when it dies, on the same port, so clients retrying the same URL
+    find it again. Servers belong to that thread (their parent-death signal is tied
+    to it), which lives until stop()."""
 
     def __init__(self, scorers: str, token: str, redis_url: str | None, device: str) -> None:
         self.args = (scorers, token, redis_url, device)
         self.server = None
+        self.port: int | None = None
         self.restarts = 0
         self.error: str | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._first_try = threading.Event()
+        self._watcher: threading.Thread | None = None
+        # Started on first use, so placement() answers as soon as Ray places the
+        # actor; a reconstructed replica starts at once (and never raises here: Ray
+        # does not restart an actor whose constructor failed).
         if ray.get_runtime_context().was_current_actor_reconstructed:
-            self.url()  # a restarted replica serves at once, not at the next refresh
-        # else: started on first use, so placement() answers as soon as Ray places it
+            self._watch_start()
 
-    def _start(self, port: int | None = None) -> None:
+    def _launch(self, port: int | None):
         from ..reward_server.process import RewardServerProcess
 
         scorers, token, redis_url, device = self.args
@@ -43,54 +51,64 @@ class RewardReplica:
         args += ["--device", device]
         if redis_url:
             args += ["--redis-url", redis_url]
-        try:
-            self.server = RewardServerProcess(
-                *args,
-                env={TOKEN_VAR: token},
-                quiet=True,
-                host=host,
-                port=port,
-                die_with_parent=True,
-            )
-        except RuntimeError as exc:
-            raise RuntimeError(
-                f"train.reward.scorers / rewards (scorers {scorers}): {exc}"
-            ) from None
+        return RewardServerProcess(
+            *args, env={TOKEN_VAR: token}, quiet=True, host=host, port=port, die_with_parent=True
+        )
+
+    def _watch_start(self) -> None:
+        with self._lock:
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, daemon=True)
+                self._watcher.start()
 
     def _watch(self) -> None:
-        backoff = 0.5
+        backoff = 0.0
         while not self._stopping.wait(backoff):
+            old = self.server
+            if old is not None and old.proc.poll() is None:
+                backoff = 0.5
+                continue
+            if old is not None:  # into the Ray worker log: why it died
+                print(
+                    f"reward server on port {old.port} exited ({old.proc.returncode}); "
+                    f"restarting. Its last output:\n{old.output_tail()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            try:
+                new = self._launch(self.port)  # outside the lock: this can take a while
+            except Exception as exc:
+                if "address already in use" in str(exc).lower():
+                    self.port = None  # taken meanwhile: the next try picks a new one
+                self.error = f"train.reward (scorers {self.args[0]}): {exc}"
+                self._first_try.set()
+                backoff = min(max(2 * backoff, 0.5), 30.0)
+                continue
             with self._lock:
                 if self._stopping.is_set():
+                    new.stop()
                     return
-                if self.server.proc.poll() is None:
-                    backoff = 0.5
-                    continue
-                try:
-                    try:
-                        self._start(port=self.server.port)
-                    except RuntimeError:  # the port was taken meanwhile: a new one
-                        self._start()
-                    self.restarts += 1
-                    self.error, backoff = None, 0.5
-                except Exception as exc:  # keep trying; url() reports why meanwhile
-                    self.error, backoff = f"{type(exc).__name__}: {exc}", min(backoff * 2, 30.0)
+                self.server, self.port, self.error = new, new.port, None
+                self.restarts += old is not None
+            self._first_try.set()
+            backoff = 0.5
 
     def url(self) -> str:
-        with self._lock:
-            if self.server is None:
-                self._start()
-                threading.Thread(target=self._watch, daemon=True).start()
-            if self.error is not None:
-                raise RuntimeError(f"reward replica cannot restart its server: {self.error}")
-            return self.server.url
+        """Where the server listens. Only a failed *first* start raises (a config
+        error, reported at once); afterwards the last URL is kept while the
+        watchdog restarts the server on it."""
+        self._watch_start()
+        self._first_try.wait()
+        if self.server is None:
+            raise RuntimeError(self.error)
+        return self.server.url
 
     def ready(self) -> bool:
         return bool(self.url())
 
     def server_pid(self) -> int | None:
-        with self._lock:
-            return self.server.proc.pid if self.server is not None else None
+        server = self.server
+        return server.proc.pid if server is not None else None
 
     def placement(self) -> dict:
         from .placement import where_am_i
@@ -150,13 +168,22 @@ class RewardSource:
         ]
         self.replica_urls: list[str] = []
 
-    def refresh(self, timeout: float | None = None) -> None:
-        """Ask the job's replicas where they listen (a restarted one moves port)."""
-        if self.replicas:
-            self.replica_urls = ray.get([a.url.remote() for a in self.replicas], timeout=timeout)
+    def refresh(self, timeout: float | None = None, strict: bool = False) -> None:
+        """Ask the job's replicas where they listen. A replica that cannot answer
+        now (restarting) keeps its last URL; ``strict`` (at start) raises instead."""
+        urls = []
+        for i, actor in enumerate(self.replicas):
+            try:
+                urls.append(ray.get(actor.url.remote(), timeout=timeout))
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                if strict:
+                    raise
+                urls.append(self.replica_urls[i] if i < len(self.replica_urls) else None)
+        self.replica_urls = urls
 
     def args(self):
-        return self.static_urls + self.replica_urls, self.redis_url, self.token, self.scorers
+        urls = self.static_urls + [u for u in self.replica_urls if u]
+        return urls, self.redis_url, self.token, self.scorers
 
     def close(self) -> None:
         """Stop every replica's server (one wait for all), then end the actors."""

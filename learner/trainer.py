@@ -62,11 +62,7 @@ class LearnerCore:
 
         torch.set_num_threads(cfg.train.worker_threads)
         self.cfg = cfg
-        if cfg.model.dtype == "float16":
-            raise ValueError(
-                "model.dtype float16: training needs loss scaling, which g2rpo does not do; "
-                "use bfloat16 (or float32)"
-            )
+        cfg.model.check_trainable()
         path = resolve_path(cfg.model.pretrained)
         self.transformer = FluxTransformer2DModel.from_pretrained(
             path,

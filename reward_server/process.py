@@ -73,7 +73,7 @@ class RewardServerProcess:
                 self.kill()  # never leave a half-started server holding the port
                 raise
 
-    def _output(self) -> str:
+    def output_tail(self) -> str:
         if self._log is not None:
             self._log.seek(0)
             return self._log.read()[-2000:]
@@ -83,7 +83,7 @@ class RewardServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"reward server exited at start: {self._output().strip()}")
+                raise RuntimeError(f"reward server exited at start: {self.output_tail().strip()}")
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
                     return
@@ -97,7 +97,10 @@ class RewardServerProcess:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 30.0) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(timeout=30)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:  # stuck shutting down: it must not keep the port
+                self.kill()

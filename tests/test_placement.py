@@ -185,7 +185,7 @@ def test_a_replica_that_cannot_start_says_why(two_nodes):
     try:
         with pytest.raises(ray.exceptions.RayTaskError) as err:
             ray.get(source.replicas[0].ready.remote())
-        assert "train.reward.scorers / rewards" in str(err.value)
+        assert "train.reward (scorers no_such_scorer)" in str(err.value)
         assert "unknown scorer 'no_such_scorer'" in str(err.value)
     finally:
         source.close()
