@@ -261,6 +261,7 @@ def _loop(
             done = it + 1
             if done % cfg.train.checkpoint_every == 0 or done == end:
                 ray.get(learner.save.remote(str(run_dir / CKPT / f"it_{done:05d}.pt")))
+                _plot(run_dir, cfg.run.name)
             main = cfg.rewards[0].name
             bar.set_postfix(
                 reward=f"{row[f'reward/{main}']:.3f}",
@@ -282,6 +283,15 @@ def _loop(
         if exporter is not None:
             exporter.close()
     return run_dir
+
+
+def _plot(run_dir: Path, name: str) -> None:
+    from .plots import plot_curves
+
+    try:
+        plot_curves(read_metrics(run_dir), run_dir / "curves.png", title=name)
+    except Exception as exc:  # a picture must never end a run
+        print(f"could not draw {run_dir / 'curves.png'}: {exc}", file=sys.stderr)
 
 
 def _export(learner, run_dir: Path) -> None:

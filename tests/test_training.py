@@ -66,6 +66,7 @@ def test_two_iterations_with_two_workers(ray_local, quick_world, tmp_path):
         assert "reward/shapes_clip/g1" in r and "eval/shapes_clip" in r
     assert (run / "checkpoints" / "it_00002.pt").is_file()
     assert list((run / "samples").glob("*.png"))
+    assert (run / "curves.png").stat().st_size > 10_000  # the run's curves, redrawn per checkpoint
     cfg = (run / "config.yaml").read_text()
     assert "workers: 2" in cfg
 
