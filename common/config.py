@@ -77,6 +77,13 @@ class ModelConfig(_Strict):
                 "use bfloat16 (or float32)"
             )
 
+    def base_weights_dtype(self):
+        """Trained weights stay float32 (master weights; compute is autocast to
+        ``dtype``). A LoRA run never trains the base, so it is held in ``dtype``."""
+        import torch
+
+        return getattr(torch, self.dtype) if self.lora is not None else torch.float32
+
     def autocast_dtype(self):
         """None for float32, else the torch dtype the transformer computes in."""
         import torch
@@ -228,6 +235,13 @@ class RewardServiceConfig(_Strict):
 
     token_env: str | None = None
     deadline_s: float = Field(300.0, gt=0)
+
+    def job_replicas(self, redis_url: str | None = None) -> int:
+        """Replicas the job starts: ``replicas``, or by default one only when no
+        external ones are given (``redis_url``: one passed on the command line)."""
+        if self.replicas is not None:
+            return self.replicas
+        return int(not (self.urls or self.redis_url or redis_url))
 
     @field_validator("resources")
     @classmethod

@@ -74,7 +74,7 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
             ray.init(address="auto", log_to_driver=False)
         else:
             ray.init(
-                **local_cluster_resources(cfg),
+                **local_cluster_resources(cfg, redis_url),
                 include_dashboard=False,
                 log_to_driver=False,
                 object_store_memory=512 * 2**20,

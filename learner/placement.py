@@ -19,13 +19,13 @@ def actor_options(num_cpus: float, num_gpus: float, resources: dict[str, float])
     return {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": dict(resources)}
 
 
-def local_cluster_resources(cfg: G2RPOConfig) -> dict:
+def local_cluster_resources(cfg: G2RPOConfig, redis_url: str | None = None) -> dict:
     """What a one-machine Ray needs to place every actor of this config: the CPU
     count and each custom resource summed over the actors, so a config written for
     a cluster (custom node labels included) runs unchanged on a laptop. GPUs are
     left to Ray's detection: asking for a GPU the laptop lacks must fail."""
     t, r = cfg.train, cfg.train.reward
-    replicas = r.replicas if r.replicas is not None else int(not (r.urls or r.redis_url))
+    replicas = r.job_replicas(redis_url)
     cpus = t.workers * t.worker_num_cpus + t.learner_num_cpus + replicas * r.num_cpus
     custom: dict[str, float] = {}
     for count, res in ((t.workers, t.worker_resources), (1, t.learner_resources)):

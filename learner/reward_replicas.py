@@ -138,10 +138,7 @@ class RewardSource:
     def __init__(self, cfg: G2RPOConfig, redis_url: str | None) -> None:
         r = cfg.train.reward
         self.static_urls, self.redis_url = list(r.urls), redis_url or r.redis_url
-        # by default the job starts one replica only when no external ones are given
-        count = (
-            r.replicas if r.replicas is not None else int(not (self.static_urls or self.redis_url))
-        )
+        count = r.job_replicas(redis_url)
         if count == 0 and not self.static_urls and not self.redis_url:
             raise ValueError(
                 "train.reward: no reward servers: give urls or redis_url, or replicas >= 1"

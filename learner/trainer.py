@@ -9,12 +9,12 @@ import torch
 from ..common.config import G2RPOConfig
 from ..common.flux import FluxVelocity
 from ..common.flux_pipeline import latent_size
-from ..common.lora import BaseModelVelocity, adapter_state, add_lora, load_adapter_state
+from ..common.lora import BaseModelVelocity, adapter_state, load_adapter_state
 from ..common.schedules import sampling_grid
 from ..rollout_worker.engine import Transitions
 from ..rollout_worker.worker import (
     Trajectories,
-    base_weights_dtype,
+    attach_lora,
     resolve_path,
     seed_for,
     weights_checksum,
@@ -68,25 +68,16 @@ class LearnerCore:
             path,
             subfolder="transformer",
             local_files_only=True,
-            torch_dtype=base_weights_dtype(cfg),
+            torch_dtype=cfg.model.base_weights_dtype(),
         ).to(cfg.model.device)
         self.lora = cfg.model.lora is not None
-        if self.lora:
-            add_lora(self.transformer, cfg.model.lora, seed_for(cfg.run.seed, 0, 0, 2))
+        attach_lora(self.transformer, cfg)
         self.transformer.train()
         vae_config = AutoencoderKL.load_config(path, subfolder="vae", local_files_only=True)
-        side, _ = latent_size(vae_config, cfg.train.image_size, cfg.train.image_size)
-        self.velocity = FluxVelocity(
-            self.transformer,
-            side,
-            side,
-            guidance=cfg.model.guidance,
-            autocast_dtype=cfg.model.autocast_dtype(),
-        )
+        self.side, _ = latent_size(vae_config, cfg.train.image_size, cfg.train.image_size)
+        self.velocity = self._velocity_of(self.transformer)
         self.kl_beta = cfg.algorithm.flowgrpo.kl_beta if cfg.algorithm.name == "flowgrpo" else 0.0
-        self.reference = None
-        if self.kl_beta > 0:
-            self.reference = self._reference_model(side)
+        self.reference = self._reference_model() if self.kl_beta > 0 else None
         self.trainable = [p for p in self.transformer.parameters() if p.requires_grad]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
@@ -104,21 +95,24 @@ class LearnerCore:
         self.version = 0
         self.iteration = 0
 
-    def _reference_model(self, side: int):
+    def _velocity_of(self, transformer) -> FluxVelocity:
+        m = self.cfg.model
+        return FluxVelocity(
+            transformer,
+            self.side,
+            self.side,
+            guidance=m.guidance,
+            autocast_dtype=m.autocast_dtype(),
+        )
+
+    def _reference_model(self):
         """The KL reference (Flow-GRPO): the base model. With LoRA that is the same
         transformer with its adapters off; otherwise a frozen copy of the initial one."""
         if self.lora:
             return BaseModelVelocity(self.velocity)
         import copy
 
-        frozen = copy.deepcopy(self.transformer).eval().requires_grad_(False)
-        return FluxVelocity(
-            frozen,
-            side,
-            side,
-            guidance=self.cfg.model.guidance,
-            autocast_dtype=self.cfg.model.autocast_dtype(),
-        )
+        return self._velocity_of(copy.deepcopy(self.transformer).eval().requires_grad_(False))
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """What changes in training: the adapters of a LoRA run, else every weight."""

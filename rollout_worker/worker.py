@@ -41,18 +41,17 @@ def resolve_path(path: str) -> Path:
     return repo if repo.exists() else p
 
 
-def base_weights_dtype(cfg: G2RPOConfig) -> torch.dtype:
-    """Trained weights stay float32 (master weights; compute is autocast to
-    model.dtype). A LoRA run never trains the base, so it is held in model.dtype."""
-    if cfg.model.lora is not None and cfg.model.dtype != "float32":
-        return getattr(torch, cfg.model.dtype)
-    return torch.float32
-
-
 def seed_for(seed: int, iteration: int, worker: int, stream: int = 0) -> int:
     """Seeds are pure functions of (run seed, iteration, worker): a redone rollout, a
     restarted actor and a resumed run all draw the same noise."""
     return int(np.random.SeedSequence([seed, iteration, worker, stream]).generate_state(1)[0])
+
+
+def attach_lora(transformer: torch.nn.Module, cfg: G2RPOConfig) -> None:
+    """The run's adapters (if ``model.lora``), initialised from ``run.seed`` alone, so
+    the learner, every worker and a resumed run build the same ones."""
+    if cfg.model.lora is not None:
+        add_lora(transformer, cfg.model.lora, seed_for(cfg.run.seed, 0, 0, 2))
 
 
 @torch.no_grad()
@@ -99,13 +98,11 @@ class RolloutWorkerCore:
             raise ValueError("model.pretrained: a local pipeline directory is needed for training")
         self.comps = FluxComponents.load(
             resolve_path(cfg.model.pretrained),
-            dtype=base_weights_dtype(cfg),
+            dtype=cfg.model.base_weights_dtype(),
             device=cfg.model.device,
             text_encoder_dtype=cfg.model.autocast_dtype() or torch.float32,
         )
-        if cfg.model.lora is not None:
-            # the init is replaced by the published adapters before any rollout
-            add_lora(self.comps.transformer, cfg.model.lora, seed_for(cfg.run.seed, 0, 0, 2))
+        attach_lora(self.comps.transformer, cfg)  # replaced by the published ones on load
         self.comps.transformer.eval()
         size = cfg.train.image_size
         self.model = self.comps.velocity_model(

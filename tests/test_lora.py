@@ -8,19 +8,9 @@ from g2rpo.common.config import load_config
 from g2rpo.learner.trainer import LearnerCore
 from g2rpo.rollout_worker.plan import anchor_plan, plan_for
 from g2rpo.rollout_worker.worker import RolloutWorkerCore, Trajectories, WeightMismatch
+from small_run import SMALL_RUN
 
-SMALL = [
-    "sampling.num_steps=6",
-    "sampling.sde_steps=[0,1]",
-    "sampling.granularities=[1,2]",
-    "sampling.group_size=4",
-    "sampling.prompts_per_worker=2",
-    "train.workers=1",
-    "train.image_size=32",
-    "train.max_sequence_length=16",
-    "optim.lr=1e-3",
-    "rewards=[{name: shapes_clip}]",
-]
+SMALL = [*SMALL_RUN, "train.workers=1", "optim.lr=1e-3"]
 LORA = ["model.lora.rank=4", "model.lora.alpha=8"]
 PROMPTS = ["a red circle on a white background", "a blue square on a black background"]
 

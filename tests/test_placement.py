@@ -10,18 +10,14 @@ import ray
 from g2rpo.common.config import load_config
 from g2rpo.learner.driver import read_metrics, train
 from g2rpo.learner.placement import PlacementError, local_cluster_resources
+from small_run import SMALL_RUN
 
 SMALL = [
-    "sampling.num_steps=6",
+    *SMALL_RUN,
     "sampling.sde_steps=[0]",
     "sampling.granularities=[1]",
-    "sampling.group_size=4",
     "sampling.prompts_per_worker=1",
-    "train.workers=2",
-    "train.image_size=32",
-    "train.max_sequence_length=16",
     "train.eval_samples=4",
-    "rewards=[{name: shapes_clip}]",
 ]
 
 
@@ -44,9 +40,12 @@ def test_a_local_ray_gets_the_resources_the_config_names():
         "resources": {"sampler": 3.0, "trainer": 1.0, "scorer": 2.0},
     }
     external = load_config(None, ["train.reward.urls=[http://scorer:8300]"])
-    assert (
-        local_cluster_resources(external)["num_cpus"] == 2
-    )  # no job replica: 1 worker + 1 learner
+    # no job replica: 1 worker + 1 learner
+    assert local_cluster_resources(external)["num_cpus"] == 2
+    default = load_config(None)
+    assert local_cluster_resources(default)["num_cpus"] == 3  # worker, learner, one job replica
+    # a --redis-url on the command line means external replicas: the job starts none
+    assert local_cluster_resources(default, "redis://127.0.0.1:6390/0")["num_cpus"] == 2
 
 
 @pytest.fixture(scope="module")

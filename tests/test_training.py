@@ -7,22 +7,9 @@ import ray
 from g2rpo.learner.driver import read_metrics, train
 from g2rpo.learner.trainer import LearnerCore, StaleTrajectories
 from g2rpo.rollout_worker.worker import RolloutWorkerCore, WeightMismatch
+from small_run import SMALL_RUN
 
-SMALL = [
-    "sampling.num_steps=6",
-    "sampling.sde_steps=[0,1]",
-    "sampling.granularities=[1,2]",
-    "sampling.group_size=4",
-    "sampling.prompts_per_worker=2",
-    "train.workers=2",
-    "train.image_size=32",
-    "train.max_sequence_length=16",
-    "train.eval_every=1",
-    "train.eval_samples=8",
-    "train.checkpoint_every=1",
-    "optim.lr=1e-4",
-    "rewards=[{name: shapes_clip}]",
-]
+SMALL = SMALL_RUN
 
 
 @pytest.fixture(scope="module")
