@@ -69,6 +69,12 @@ class ModelConfig(_Strict):
     guidance: float = Field(3.5, description="FLUX distilled guidance embedding")
     quantize_timestep: bool = Field(True, description="feed floor(1000σ)/1000 as the official code")
     lora: LoraOptions | None = Field(None, description="train LoRA adapters; None = full")
+    attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = Field(
+        "auto",
+        description="torch SDPA kernels the transformer may use. auto: every kernel but "
+        "cuDNN's (its fused attention backward crashed a learner on an H100 with "
+        "torch 2.11 / cuDNN 9.19); cudnn: cuDNN only; flash, efficient, math: that kernel only",
+    )
 
     def check_trainable(self) -> None:
         if self.dtype == "float16":
@@ -190,7 +196,13 @@ class RewardSpec(_Strict):
 class RunConfig(_Strict):
     name: str = "run"
     seed: int = 42
-    iterations: int = Field(100, ge=1)
+    iterations: int = Field(100, ge=1, description="at most this many iterations")
+    nfe_budget: int | None = Field(
+        None,
+        ge=1,
+        description="stop before the run's training NFEs (the algorithm's rollout plus the "
+        "learner's forwards; evaluation excluded) would pass this many",
+    )
     output_dir: str = "runs"
 
 
@@ -265,16 +277,40 @@ class TrainConfig(_Strict):
     max_sequence_length: int = Field(512, ge=1)
     prompts: str = Field("shapes:train", description="'shapes:train' or a text file")
     eval_prompts: str = Field("shapes:held_out")
-    eval_every: int = Field(5, ge=1)
-    eval_samples: int = Field(40, ge=1)
+    eval_every: int = Field(5, ge=1, description="evaluate the held-out prompts every N iterations")
+    eval_every_nfe: int | None = Field(
+        None,
+        ge=1,
+        description="instead of eval_every: evaluate whenever this many training NFEs "
+        "passed since the last evaluation (methods compared at equal NFEs share eval points)",
+    )
+    eval_samples: int = Field(40, ge=1, description="held-out prompts evaluated (the first N)")
+    eval_per_prompt: int = Field(4, ge=1, description="fixed-noise samples per eval prompt")
+    eval_seed: int = Field(
+        10_000, description="eval noise seed: the same noise for every run and iteration"
+    )
+    eval_actor: bool = Field(
+        True,
+        description="evaluate on an actor of its own, concurrently with the rollout "
+        "(off the critical path); false: on rollout worker 0 before the rollout",
+    )
+    eval_num_cpus: float = Field(1.0, ge=0)
+    eval_num_gpus: float = Field(0.0, ge=0)
+    eval_resources: Resources = Field(default_factory=dict, description="custom Ray resources")
     checkpoint_every: int = Field(5, ge=1)
+    checkpoint_at: list[int] = Field(
+        default_factory=list, description="also checkpoint after these iterations (kept)"
+    )
+    keep_checkpoints: int | None = Field(
+        None, ge=1, description="keep the newest N periodic checkpoints (None: all)"
+    )
     staleness: int = Field(0, ge=0, description="max weight versions a trajectory may lag")
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="serve Prometheus metrics here (0 = any free port)"
     )
     reward: RewardServiceConfig = Field(default_factory=RewardServiceConfig)
 
-    @field_validator("worker_resources", "learner_resources")
+    @field_validator("worker_resources", "learner_resources", "eval_resources")
     @classmethod
     def _resources(cls, v: Resources) -> Resources:
         return _check_resources(v)

@@ -8,11 +8,44 @@ latents; the adapter adds ids, guidance and the per-sample timestep.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class AttentionBackendError(RuntimeError):
+    """The transformer failed under the attention kernels ``model.attention_backend`` allows."""
+
+
+def sdpa_backends(name: str) -> list:
+    """The torch SDPA kernels a ``model.attention_backend`` value allows. ``auto`` is
+    every kernel but cuDNN's: its fused attention backward crashed a FLUX-width
+    learner on an H100 (torch 2.11, cuDNN 9.19: ``mha_graph.execute`` failing, later
+    ``CUBLAS_STATUS_EXECUTION_FAILED``); on CPU it changes nothing."""
+    from torch.nn.attention import SDPBackend as B
+
+    table = {
+        "auto": [B.FLASH_ATTENTION, B.EFFICIENT_ATTENTION, B.MATH],
+        "flash": [B.FLASH_ATTENTION],
+        "efficient": [B.EFFICIENT_ATTENTION],
+        "cudnn": [B.CUDNN_ATTENTION],
+        "math": [B.MATH],
+    }
+    if name not in table:
+        raise ValueError(f"model.attention_backend must be one of {sorted(table)}, got {name!r}")
+    return table[name]
+
+
+def backend_failure(name: str, exc: BaseException) -> AttentionBackendError:
+    kernels = ", ".join(b.name for b in sdpa_backends(name))
+    return AttentionBackendError(
+        f"transformer failed with model.attention_backend={name} (SDPA kernels: {kernels}): "
+        f"{exc}. If this is about attention, choose another model.attention_backend "
+        "(auto, flash, efficient, math)"
+    )
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
@@ -59,11 +92,14 @@ class FluxVelocity:
         latent_width: int,
         guidance: float | None = 3.5,
         autocast_dtype: torch.dtype | None = None,
+        attention_backend: str = "auto",
     ) -> None:
         self.transformer = transformer
         self.img_ids = latent_image_ids(latent_height, latent_width)
         self.guidance = guidance
         self.autocast_dtype = autocast_dtype
+        self.attention_backend = attention_backend
+        self._kernels = sdpa_backends(attention_backend)
         self.calls = 0
 
     @property
@@ -87,7 +123,13 @@ class FluxVelocity:
             guidance = torch.full((x.shape[0],), float(self.guidance or 0.0), device=device)
         compute = self._compute_dtype()
         self.calls += 1
-        with torch.autocast(device.type, dtype=compute or f32, enabled=compute is not None):
+        from torch.nn.attention import sdpa_kernel
+
+        with (
+            torch.autocast(device.type, dtype=compute or f32, enabled=compute is not None),
+            sdpa_kernel(self._kernels),
+            naming_backend(self.attention_backend),
+        ):
             out = self.transformer(
                 hidden_states=x.to(device, f32),
                 encoder_hidden_states=text,
@@ -101,11 +143,23 @@ class FluxVelocity:
         return out.to(f32)
 
 
+@contextmanager
+def naming_backend(name: str):
+    """Re-raise a RuntimeError from inside the block naming the attention backend."""
+    try:
+        yield
+    except AttentionBackendError:
+        raise
+    except RuntimeError as exc:
+        raise backend_failure(name, exc) from exc
+
+
 def tiny_flux_config(size: str = "bench") -> dict[str, Any]:
     """FLUX-layout transformer configs built in-process (no download).
 
     ``test``: ~0.1M params for unit tests; ``bench``: ~1.6M params, the CPU benchmark;
-    ``gpu``: a few hundred million params for the bf16 GPU benchmark.
+    ``gpu``: a few hundred million params for the bf16 GPU benchmark; ``flux``: FLUX.1's
+    width with 2 double and 4 single blocks (GPU benchmarks of FLUX-scale kernels).
     """
     presets = {
         "test": dict(
@@ -125,6 +179,15 @@ def tiny_flux_config(size: str = "bench") -> dict[str, Any]:
             joint_attention_dim=64,
             pooled_projection_dim=64,
             axes_dims_rope=(8, 12, 12),
+        ),
+        "flux": dict(  # FLUX.1 width (3072 = 24 heads x 128), 2 + 4 of its 19 + 38 blocks
+            num_layers=2,
+            num_single_layers=4,
+            attention_head_dim=128,
+            num_attention_heads=24,
+            joint_attention_dim=4096,
+            pooled_projection_dim=768,
+            axes_dims_rope=(16, 56, 56),
         ),
         "gpu": dict(
             num_layers=4,

@@ -93,10 +93,16 @@ class FluxComponents:
         width: int,
         guidance: float = 3.5,
         autocast_dtype: torch.dtype | None = None,
+        attention_backend: str = "auto",
     ) -> FluxVelocity:
         h, w = self.latent_size(height, width)
         return FluxVelocity(
-            self.transformer, h, w, guidance=guidance, autocast_dtype=autocast_dtype
+            self.transformer,
+            h,
+            w,
+            guidance=guidance,
+            autocast_dtype=autocast_dtype,
+            attention_backend=attention_backend,
         )
 
     def encode_prompts(self, prompts: list[str], max_sequence_length: int = 512) -> dict:

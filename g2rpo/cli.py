@@ -7,82 +7,8 @@ import json
 import sys
 
 from g2rpo import __version__
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-
-
-def _cmd_bench_engine(args: argparse.Namespace) -> int:
-    import torch
-
-    from g2rpo.rollout_worker.bench import bench_engine
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    result = bench_engine(
-        quick=args.quick,
-        device=args.device,
-        size=args.size,
-        dtype=args.dtype,
-        latent_size=args.latent_size,
-        num_steps=args.steps,
-        group_size=args.group_size,
-        sde_steps=args.sde_steps,
-        granularities=args.granularities,
-        terminal=args.terminal,
-        num_prompts=args.prompts,
-        max_batch=args.max_batch,
-        repeats=args.repeats,
-        progress=not args.json and sys.stderr.isatty(),
-    )
-    if args.json:
-        print(json.dumps(result))
-    else:
-        s = result["settings"]
-        m = s["model"]
-        print(
-            f"G²RPO rollout, T={s['num_steps']} G={s['group_size']} k={s['sde_steps']} "
-            f"g={s['granularities']} terminal={s['terminal']} prompts={s['num_prompts']}\n"
-            f"model: {m['class']} ({m['preset']}) {m['parameters']:,} params, "
-            f"{m['image_tokens']} image tokens, {m['dtype']} on {s['device']}\n"
-            f"  batched  : {result['wall_batched_s']:.3f} s, {result['nfe_batched']} NFEs "
-            f"(expected {result['nfe_expected']}, unshared {result['nfe_unshared']}) "
-            f"in {result['model_calls_batched']} calls\n"
-            f"  reference: {result['wall_reference_s']:.3f} s, {result['nfe_reference']} NFEs\n"
-            f"  speedup {result['speedup']:.2f}x, parity max |Δ| {result['parity_max_abs']:.2e}"
-        )
-    return 0
-
-
-def _cmd_bench_reward(args: argparse.Namespace) -> int:
-    from g2rpo.reward_server.bench import bench_reward
-
-    result = bench_reward(
-        scorer=args.scorer, duration_s=args.duration, per_request=args.images_per_request
-    )
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    print(f"scorer {result['scorer']}, {result['images_per_request']} images per request")
-    for key in ("batched", "unbatched"):
-        for r in result[key]:
-            print(
-                f"  {key:9s} {r['clients']:3d} clients: {r['images_per_s']:8.1f} images/s, "
-                f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
-            )
-    for n, r in result["replicas"].items():
-        print(
-            f"  {n} replica(s), {r['clients']} clients: {r['images_per_s']:.1f} images/s, "
-            f"p99 {r['p99_ms']:.1f} ms"
-        )
-    print(f"  batching gain {result['batching_gain']}x, replica gain {result['replica_gain']}x")
-    return 0
+from g2rpo.cli_bench import add_bench_parsers
+from g2rpo.cli_evidence import add_evidence_parsers
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -109,12 +35,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
     print(f"run {run_dir}: {len(rows)} iterations in metrics.jsonl")
     if evals:
-        keys = [k for k in evals[0] if k.startswith("eval/")]
-        for k in keys:
-            print(
-                f"  {k}: {evals[0][k]:.4f} (it {evals[0]['iteration']}) -> "
-                f"{evals[-1][k]:.4f} (it {evals[-1]['iteration']})"
+        first, last = evals[0], evals[-1]
+        for k in [k for k in first if k.startswith("eval/") and k.count("/") <= 2]:
+            if k.endswith(("/delta", "/delta_lo", "/delta_hi")) or k not in last:
+                continue
+            line = (
+                f"  {k}: {first[k]:.4f} (it {first['iteration']}) -> "
+                f"{last[k]:.4f} (it {last['iteration']})"
             )
+            if f"{k}/delta" in last:
+                line += (
+                    f", paired change {last[k + '/delta']:+.4f} "
+                    f"[{last[k + '/delta_lo']:+.4f}, {last[k + '/delta_hi']:+.4f}] (95% CI)"
+                )
+            print(line)
     return 0
 
 
@@ -172,36 +106,6 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
         f"{t['total_s']:.0f} s (vae {t['vae_s']:.0f} s, flow {t['flow_s']:.0f} s, "
         f"shapes_clip {t['shapes_clip_s']:.0f} s); final flow loss {meta['flow_loss_ema']:.4f}"
     )
-    return 0
-
-
-def _cmd_eval_world(args: argparse.Namespace) -> int:
-    from g2rpo.world import DEFAULT_WORLD
-    from g2rpo.world.evaluate import evaluate_world
-
-    world = args.world or DEFAULT_WORLD
-    report = evaluate_world(
-        world, samples_per_prompt=args.samples_per_prompt, seed=args.seed, grid_path=args.grid
-    )
-    if args.json:
-        print(json.dumps(report))
-        return 0
-    print(f"world: {world}")
-    for split in ("held_out", "train"):
-        r = report[split]
-        c = r["checker"]
-        print(
-            f"  {split:8s} {r['samples']} samples of {r['prompts']} prompts: checker pass "
-            f"{c['pass']:.1%} (bg {c['bg']:.1%}, fg {c['fg']:.1%}, shape {c['shape']:.1%}), "
-            f"shapes_clip {r['shapes_clip_mean']:.3f}"
-        )
-    print(
-        f"  shapes_clip AUC correct vs mismatched (held-out ground truth): "
-        f"{report['shapes_clip_auc']:.3f} ({report['shapes_clip_gt_mean']:.3f} vs "
-        f"{report['shapes_clip_mismatched_mean']:.3f})"
-    )
-    if args.grid:
-        print(f"  sample grid: {args.grid}")
     return 0
 
 
@@ -266,37 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"g2rpo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="WHAT")
-    eng = bench_sub.add_parser(
-        "engine", help="batched tree engine vs the official-order reference loop"
-    )
-    eng.add_argument("--quick", action="store_true", help="one prompt, one repeat")
-    eng.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    eng.add_argument("--json", action="store_true", help="print one JSON object")
-    eng.add_argument(
-        "--size",
-        choices=["test", "bench", "gpu"],
-        default=None,
-        help="model preset (default: bench on cpu, gpu on cuda)",
-    )
-    eng.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
-    eng.add_argument(
-        "--latent-size",
-        type=int,
-        default=None,
-        help="latent height=width; tokens = (size/2)^2 (default 8 on cpu, 64 on cuda)",
-    )
-    eng.add_argument("--steps", type=int, default=16)
-    eng.add_argument("--group-size", type=int, default=12)
-    eng.add_argument("--sde-steps", type=_int_list, default=None, help="e.g. 0,1,2,3")
-    eng.add_argument("--granularities", type=_int_list, default=None, help="e.g. 1,2")
-    eng.add_argument("--terminal", choices=["exact", "reference"], default="exact")
-    eng.add_argument("--prompts", type=int, default=None)
-    eng.add_argument("--max-batch", type=int, default=256)
-    eng.add_argument("--repeats", type=int, default=None)
-    eng.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    eng.set_defaults(func=_cmd_bench_engine)
+    add_bench_parsers(sub)
 
     pre = sub.add_parser(
         "pretrain", help="train the tiny offline shapes world (pipeline + shapes_clip reward)"
@@ -308,17 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--no-progress", action="store_true", help="hide progress bars")
     pre.set_defaults(func=_cmd_pretrain)
 
-    ev = sub.add_parser("eval", help="evaluations")
-    ev_sub = ev.add_subparsers(dest="eval", required=True, metavar="WHAT")
-    ew = ev_sub.add_parser(
-        "world", help="base model checker pass rate, shapes_clip AUC and a sample grid"
-    )
-    ew.add_argument("--world", default=None, help="world dir (default: the committed one)")
-    ew.add_argument("--samples-per-prompt", type=int, default=5)
-    ew.add_argument("--seed", type=int, default=0)
-    ew.add_argument("--grid", default=None, help="write a sample grid PNG here")
-    ew.add_argument("--json", action="store_true")
-    ew.set_defaults(func=_cmd_eval_world)
+    add_evidence_parsers(sub)
 
     emb = sub.add_parser(
         "embed-prompts", help="precompute prompt embeddings into a safetensors cache"
@@ -343,19 +207,6 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--replica-id", default=None)
     rs.add_argument("--advertise-url", default=None, help="URL clients should use")
     rs.set_defaults(func=_cmd_reward_server)
-
-    rb = bench_sub.add_parser("reward", help="reward-server throughput and latency")
-    rb.add_argument("--json", action="store_true")
-    rb.add_argument("--scorer", default="shapes_clip")
-    rb.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
-    rb.add_argument(
-        "--images-per-request",
-        type=int,
-        default=32,
-        help="images per request (a rollout worker sends G·K·|granularities| per prompt: 192 "
-        "in the paper's setting)",
-    )
-    rb.set_defaults(func=_cmd_bench_reward)
 
     tr = sub.add_parser("train", help="run G²RPO (or a baseline) on Ray")
     tr.add_argument("--config", default=None, help="YAML config (e.g. configs/tiny.yaml)")

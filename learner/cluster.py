@@ -22,11 +22,12 @@ class RunActors:
     learner: object = None
     workers: list = field(default_factory=list)
     rewards: RewardSource | None = None
+    evaluator: object = None  # train.eval_actor: a worker that only evaluates
 
     def stop(self) -> None:
         if self.rewards is not None:
             self.rewards.close()
-        for actor in [self.learner, *self.workers]:
+        for actor in [self.learner, *self.workers, self.evaluator]:
             if actor is not None:
                 ray.kill(actor, no_restart=True)
 
@@ -36,14 +37,18 @@ def record_actors(run_dir: Path, actors: RunActors) -> None:
     pids, for operators and the fault tests; rewritten every iteration, as Ray
     restarts actors and replicas restart their servers."""
     rewards = actors.rewards
+    evaluator = [actors.evaluator] if actors.evaluator is not None else []
     try:
-        calls = [a.placement.remote() for a in [actors.learner, *actors.workers, *rewards.replicas]]
+        everyone = [actors.learner, *actors.workers, *rewards.replicas, *evaluator]
+        calls = [a.placement.remote() for a in everyone]
         calls += [r.server_pid.remote() for r in rewards.replicas]
         answers = ray.get(calls, timeout=30)
     except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
         return  # an actor is restarting: the next iteration records it
     n, m = len(actors.workers), len(rewards.replicas)
     placed, servers = answers[: len(answers) - m], answers[len(answers) - m :]
+    evaluator_info = placed[1 + n + m] if evaluator else None
+    placed = placed[: 1 + n + m]
     replicas = [
         {**info, "url": url, "server_pid": pid}
         for info, url, pid in zip(placed[1 + n :], rewards.replica_urls, servers, strict=True)
@@ -55,6 +60,7 @@ def record_actors(run_dir: Path, actors: RunActors) -> None:
             "learner": placed[0],
             "rollout_workers": placed[1 : 1 + n],
             "reward_replicas": replicas,
+            "evaluator": evaluator_info,
         },
     }
     try:  # readers (operators, tests) never see a half-written file
@@ -82,6 +88,7 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
     t, r, cfg_dict = cfg.train, cfg.train.reward, cfg.model_dump(mode="json")
     learner_opts = actor_options(t.learner_num_cpus, t.learner_num_gpus, t.learner_resources)
     worker_opts = actor_options(t.worker_num_cpus, t.worker_num_gpus, t.worker_resources)
+    eval_opts = actor_options(t.eval_num_cpus, t.eval_num_gpus, t.eval_resources)
     actors = RunActors()
     try:
         actors.rewards = RewardSource(cfg, redis_url)
@@ -89,6 +96,12 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
         actors.workers = [
             RolloutWorker.options(**worker_opts).remote(cfg_dict, i) for i in range(t.workers)
         ]
+        groups = []
+        if t.eval_actor:  # a worker of its own that only evaluates (index -1: no rollouts)
+            actors.evaluator = RolloutWorker.options(**eval_opts).remote(cfg_dict, -1)
+            groups.append(
+                ("train.eval_num_cpus/eval_num_gpus/eval_resources", [actors.evaluator], eval_opts)
+            )
         wait_placed(
             [
                 (
@@ -106,11 +119,13 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
                     actors.workers,
                     worker_opts,
                 ),
+                *groups,
             ],
             t.placement_timeout_s,
         )
         # placed; now load the models and start the servers (errors surface here)
         everyone = [*actors.rewards.replicas, actors.learner, *actors.workers]
+        everyone += [actors.evaluator] if actors.evaluator is not None else []
         ray.get([a.ready.remote() for a in everyone])
         actors.rewards.refresh(strict=True)
     except BaseException:

@@ -1,13 +1,17 @@
-"""``g2rpo train``: the thin driver loop. Rollout workers and the learner are Ray
-actors; rewards come from reward-server replicas (started locally when none are
-configured). Everything an iteration draws is a pure function of (seed,
-iteration, worker), so a redone rollout or a resumed run reproduces itself."""
+"""``g2rpo train``: the driver. Rollout workers, the learner and the evaluator are
+Ray actors; rewards come from reward-server replicas (started by the job when none
+are configured). Each iteration runs the algorithm's phases in order:
+
+    publish → evaluate (started; runs beside the rollout) → roll out → learn → record
+
+Everything an iteration draws is a pure function of (seed, iteration, worker), so
+a redone rollout or a resumed run reproduces itself."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +22,23 @@ from tqdm.auto import tqdm
 from ..common.config import G2RPOConfig, dump_config, load_config
 from ..common.shapes import split_combinations
 from .cluster import RunActors, record_actors, start_actors
+from .run_files import (
+    CKPT,
+    append_metrics,
+    checkpoint_path,
+    draw_curves,
+    export_final,
+    latest_checkpoint,
+    mark_finished,
+    prune_checkpoints,
+    read_evaluations,
+    read_metrics,
+    save_evaluation,
+    truncate_metrics,
+    write_sample_grid,
+)
 
-CKPT = "checkpoints"
+__all__ = ["prompts_for", "read_metrics", "train"]
 
 
 def _prompts(spec: str) -> list[str]:
@@ -42,16 +61,12 @@ def prompts_for(all_prompts: list[str], seed: int, iteration: int, count: int) -
     return [all_prompts[i] for i in rng.choice(len(all_prompts), count, replace=replace)]
 
 
-def _latest_checkpoint(run_dir: Path) -> Path | None:
-    ckpts = sorted((run_dir / CKPT).glob("it_*.pt"))
-    return ckpts[-1] if ckpts else None
-
-
-def _get_with_retry(make_call, workers, index: int, attempts: int = 3):
-    """Run a worker call; if the actor died, wait for Ray to restart it and redo it."""
+def _call_with_restart(make_call, actor, attempts: int = 3):
+    """Run an actor call; if the actor died, wait for Ray to restart it and redo it
+    (``make_call`` must bring a fresh actor to the state the call needs)."""
     for attempt in range(attempts):
         try:
-            return ray.get(make_call(workers[index]))
+            return ray.get(make_call(actor))
         except ray.exceptions.RayActorError:
             if attempt == attempts - 1:
                 raise
@@ -59,24 +74,277 @@ def _get_with_retry(make_call, workers, index: int, attempts: int = 3):
     raise AssertionError("unreachable")
 
 
-def _load_call(version, ref, checksum):
-    def call(worker):
-        return worker.load_weights.remote(version, ref, checksum)
+@dataclass(frozen=True)
+class Published:
+    version: int
+    ref: object
+    checksum: str
+    nbytes: int
 
-    return call
-
-
-def _redo(version, ref, checksum, iteration, prompts, reward_args):
-    """A rollout call for a (possibly restarted) actor: reload the weights, then redo."""
-
-    def call(worker):
-        ray.get(worker.load_weights.remote(version, ref, checksum))
-        return worker.rollout.remote(iteration, prompts, *reward_args)
-
-    return call
+    def load_on(self, actor):
+        return actor.load_weights.remote(self.version, self.ref, self.checksum)
 
 
-def _summarise(batches, stats: dict) -> dict:
+@dataclass
+class PendingEval:
+    iteration: int
+    actor: object
+    weights: Published
+    ref: object
+    nfe_train_total: int
+
+
+@dataclass
+class Budget:
+    """The run's training NFEs so far and whether another iteration still fits."""
+
+    limit: int | None
+    total: int = 0
+    last: int = 0
+
+    def add(self, nfe: int) -> None:
+        self.total += nfe
+        self.last = nfe
+
+    def exhausted(self) -> bool:
+        return self.limit is not None and self.last > 0 and self.total + self.last > self.limit
+
+    def next_is_last(self) -> bool:
+        """The coming iteration will exhaust it (estimated from the last one)."""
+        return self.limit is not None and self.last > 0 and self.total + 2 * self.last > self.limit
+
+
+@dataclass
+class TrainingLoop:
+    cfg: G2RPOConfig
+    run_dir: Path
+    actors: RunActors
+    train_prompts: list[str]
+    eval_prompts: list[str]  # each eval prompt repeated train.eval_per_prompt times
+    budget: Budget = field(init=False)
+    first_eval: dict | None = None
+    last_eval_nfe: int | None = None
+    exporter: object = None
+    status: object = None
+
+    def __post_init__(self) -> None:
+        self.budget = Budget(self.cfg.run.nfe_budget)
+
+    # ------------------------------------------------------------------ phases
+    def publish(self) -> Published:
+        """The learner's current weights, once into the object store; every rollout
+        worker loads and verifies them (a restarted worker loads them again)."""
+        version, (ref,), checksum, nbytes = ray.get(self.actors.learner.publish.remote())
+        weights = Published(version, ref, checksum, nbytes)
+        self.actors.rewards.refresh(timeout=self.cfg.train.placement_timeout_s)
+        workers = self.actors.workers
+        pending = [weights.load_on(w) for w in workers]
+        for i, ref_i in enumerate(pending):
+            try:
+                got = ray.get(ref_i)
+            except ray.exceptions.RayActorError:
+                got = _call_with_restart(weights.load_on, workers[i])
+            if got != (version, checksum):
+                raise RuntimeError(f"worker {i} loaded {got}, expected {(version, checksum)}")
+        return weights
+
+    def evaluate(self, it: int, weights: Published, last: bool) -> PendingEval | None:
+        """Start the held-out evaluation of the published weights (every eval_every
+        iterations and at the last one); it runs on the evaluator while the workers
+        roll out. Without an evaluator it runs on worker 0 before the rollout."""
+        t = self.cfg.train
+        if not (self.eval_due(it) or last):
+            return None
+        actor = self.actors.evaluator or self.actors.workers[0]
+        if self.actors.evaluator is not None:
+            weights.load_on(actor)  # actor calls run in order: no wait needed
+        ref = actor.evaluate.remote(self.eval_prompts, t.eval_seed, *self.actors.rewards.args())
+        return PendingEval(it, actor, weights, ref, self.budget.total)
+
+    def eval_due(self, it: int) -> bool:
+        every = self.cfg.train.eval_every_nfe
+        if every is None:
+            return it % self.cfg.train.eval_every == 0
+        return self.last_eval_nfe is None or self.budget.total - self.last_eval_nfe >= every
+
+    def collect_evaluation(self, pending: PendingEval | None) -> dict:
+        """Wait for an evaluation; record its per-sample scores and a sample grid;
+        return its row entries (means, and the paired change since iteration 0)."""
+        if pending is None:
+            return {}
+        from ..evaluation.metrics import pass_from_scores
+
+        t0 = time.perf_counter()
+        try:
+            images, scores, work_s = ray.get(pending.ref)
+        except ray.exceptions.RayActorError:  # restarted by Ray: load the weights, redo
+
+            def redo(actor):
+                ray.get(pending.weights.load_on(actor))
+                return actor.evaluate.remote(
+                    self.eval_prompts, self.cfg.train.eval_seed, *self.actors.rewards.args()
+                )
+
+            images, scores, work_s = _call_with_restart(redo, pending.actor)
+        waited = time.perf_counter() - t0
+        per_prompt = self.cfg.train.eval_per_prompt
+        values = pass_from_scores(scores)
+        record = {
+            "iteration": pending.iteration,
+            "version": pending.weights.version,
+            "nfe_train_total": pending.nfe_train_total,
+            "prompts": self.eval_prompts[::per_prompt],
+            "per_prompt": per_prompt,
+            "scores": {k: v.round(6).tolist() for k, v in values.items()},
+        }
+        save_evaluation(self.run_dir, pending.iteration, record)
+        self.last_eval_nfe = pending.nfe_train_total
+        row = eval_row(values, self.first_eval, per_prompt)
+        if self.first_eval is None:
+            self.first_eval = record
+        write_sample_grid(
+            self.run_dir / "samples" / f"it_{pending.iteration:05d}.png",
+            images,
+            self.eval_prompts,
+            per_prompt,
+            title=f"iteration {pending.iteration} (weights v{pending.weights.version}), "
+            "held-out prompts",
+        )
+        return {
+            **row,
+            "time/eval_s": waited,
+            "time/eval_work_s": work_s,
+        }
+
+    def roll_out(self, it: int, weights: Published) -> list:
+        """Each worker rolls out its share of the iteration's prompts and scores the
+        leaves; a worker that dies is restarted by Ray and redoes its share."""
+        P, workers = self.cfg.sampling.prompts_per_worker, self.actors.workers
+        prompts = prompts_for(self.train_prompts, self.cfg.run.seed, it, P * len(workers))
+        shares = [prompts[i * P : (i + 1) * P] for i in range(len(workers))]
+        args = self.actors.rewards.args()
+        refs = [w.rollout.remote(it, sh, *args) for w, sh in zip(workers, shares, strict=True)]
+        results = []
+        for i, ref in enumerate(refs):
+            try:
+                results.append(ray.get(ref))
+            except ray.exceptions.RayActorError:
+
+                def redo(actor, share=shares[i]):
+                    ray.get(weights.load_on(actor))
+                    return actor.rollout.remote(it, share, *self.actors.rewards.args())
+
+                results.append(_call_with_restart(redo, workers[i]))
+        return results
+
+    def learn(self, batches: list) -> dict:
+        return ray.get(self.actors.learner.update.remote(*batches))
+
+    def record(self, row: dict, last: bool) -> None:
+        append_metrics(self.run_dir, row)
+        if self.exporter is not None:
+            self.exporter.observe(row)
+        if self.status is not None:
+            self.status.publish(row, self.run_dir, "finished" if last else "running")
+
+    def checkpoint(self, done: int) -> None:
+        ray.get(self.actors.learner.save.remote(str(checkpoint_path(self.run_dir, done))))
+        prune_checkpoints(self.run_dir, self.cfg)
+        draw_curves(self.run_dir, self.cfg.run.name)
+
+    # ------------------------------------------------------------------ the loop
+    def iteration(self, it: int, last: bool) -> dict:
+        t0 = time.perf_counter()
+        weights = self.publish()
+        t1 = time.perf_counter()
+        record_actors(self.run_dir, self.actors)  # outside the timed phases
+        t1b = time.perf_counter()
+        pending = self.evaluate(it, weights, last)
+        if self.actors.evaluator is None:
+            evaluation = self.collect_evaluation(pending)
+        t2 = time.perf_counter()
+        batches = self.roll_out(it, weights)
+        t3 = time.perf_counter()
+        stats = self.learn(batches)
+        t4 = time.perf_counter()
+        if self.actors.evaluator is not None:
+            evaluation = self.collect_evaluation(pending)
+        t5 = time.perf_counter()
+        row = {"iteration": it, "version": weights.version, "weights_bytes": weights.nbytes}
+        row.update(summarise_batches(batches, stats))
+        self.budget.add(row["nfe_train"])
+        row["nfe_train_total"] = self.budget.total
+        row.update(evaluation)
+        row["time/weight_push_s"] = t1 - t0
+        row.setdefault("time/eval_s", 0.0)
+        if self.actors.evaluator is None:
+            row["time/eval_s"] = t2 - t1b
+        row["time/rollout_s"] = max(b.timings["rollout_s"] for b in batches)
+        row["time/reward_s"] = max(b.timings["reward_s"] for b in batches)
+        row["time/rollout_and_reward_s"] = t3 - t2
+        row["time/learn_s"] = t4 - t3
+        row["time/iteration_s"] = (t5 - t0) - (t1b - t1)
+        return row
+
+    def run(self, start: int, end: int, progress: bool) -> int:
+        """Iterations start..end-1 (fewer when the NFE budget runs out); returns the
+        number of iterations done."""
+        bar = tqdm(
+            range(start, end),
+            desc=f"train {self.cfg.run.name}",
+            disable=not progress,
+            initial=start,
+            total=self.cfg.run.iterations,
+        )
+        done = start
+        try:
+            for it in bar:
+                if self.budget.exhausted():
+                    break
+                last = it == end - 1 or self.budget.next_is_last()
+                row = self.iteration(it, last)
+                done = it + 1
+                stop = done == end or self.budget.exhausted()
+                self.record(row, stop)
+                t = self.cfg.train
+                if done % t.checkpoint_every == 0 or stop or done in t.checkpoint_at:
+                    self.checkpoint(done)
+                bar.set_postfix(progress_fields(row, self.cfg))
+                if stop:
+                    break
+        except KeyboardInterrupt:
+            self.checkpoint(done)
+            print(
+                f"\ninterrupted after iteration {done}; resume with: "
+                f"g2rpo train --resume {self.run_dir}",
+                file=sys.stderr,
+            )
+            raise
+        return done
+
+
+def eval_row(values: dict, first: dict | None, per_prompt: int) -> dict:
+    """Row entries of one evaluation: the mean of each metric and, against the run's
+    first evaluation (same prompts, same noise), the paired change with its 95% CI."""
+    from ..common.stats import paired_difference, per_prompt_means
+
+    row = {f"eval/{k}": float(np.mean(v)) for k, v in values.items()}
+    if first is None:
+        return row
+    n_prompts = len(first["prompts"])
+    for k, v in values.items():
+        if k in first["scores"] and len(first["scores"][k]) == len(v):
+            diff = paired_difference(
+                per_prompt_means(v, n_prompts), per_prompt_means(first["scores"][k], n_prompts)
+            )
+            row[f"eval/{k}/delta"] = diff.mean
+            row[f"eval/{k}/delta_lo"] = diff.lo
+            row[f"eval/{k}/delta_hi"] = diff.hi
+    return row
+
+
+def summarise_batches(batches, stats: dict) -> dict:
+    """Rewards per reward model (and granularity), the learner's stats, NFE counts."""
     out: dict = {}
     for name in batches[0].leaf_rewards:
         train_vals, anchor_vals, per_g = [], [], {}
@@ -96,8 +364,39 @@ def _summarise(batches, stats: dict) -> dict:
     out.update(stats)
     out["nfe"] = sum(b.nfe for b in batches)
     out["model_calls"] = sum(b.model_calls for b in batches)
+    out["nfe_rollout"] = sum(b.nfe_algorithm for b in batches)
+    out["nfe_train"] = out["nfe_rollout"] + stats["nfe_learn"]
     out["weight_versions"] = sorted({b.version for b in batches})
     return out
+
+
+def progress_fields(row: dict, cfg: G2RPOConfig) -> dict:
+    main = cfg.rewards[0].name
+    fields = {
+        "reward": f"{row[f'reward/{main}']:.3f}",
+        "loss": f"{row['loss']:.2e}",
+        "it_s": f"{row['time/iteration_s']:.1f}",
+    }
+    if cfg.run.nfe_budget:
+        fields["nfe"] = f"{row['nfe_train_total'] / cfg.run.nfe_budget:.0%}"
+    return fields
+
+
+def _open_run(config, overrides, resume) -> tuple[G2RPOConfig, Path]:
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise ValueError(f"--resume {run_dir}: no config.yaml there (not a run directory)")
+        return load_config(run_dir / "config.yaml", overrides), run_dir
+    cfg = load_config(config, overrides)
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    if (run_dir / "metrics.jsonl").exists():
+        raise ValueError(
+            f"{run_dir} already holds a run: pass --resume {run_dir} or another run.name"
+        )
+    (run_dir / CKPT).mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    return cfg, run_dir
 
 
 def train(
@@ -109,221 +408,83 @@ def train(
     progress: bool = True,
     max_iterations: int | None = None,
 ) -> Path:
-    if resume is not None:
-        run_dir = Path(resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise ValueError(f"--resume {run_dir}: no config.yaml there (not a run directory)")
-        cfg = load_config(run_dir / "config.yaml", overrides)
-    else:
-        cfg = load_config(config, overrides)
-        run_dir = Path(cfg.run.output_dir) / cfg.run.name
-        if (run_dir / "metrics.jsonl").exists():
-            raise ValueError(
-                f"{run_dir} already holds a run: pass --resume {run_dir} or another run.name"
-            )
-        (run_dir / CKPT).mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
+    cfg, run_dir = _open_run(config, overrides, resume)
     cfg.model.check_trainable()  # before any actor loads a model
-    train_prompts, eval_prompts = _prompts(cfg.train.prompts), _prompts(cfg.train.eval_prompts)
-    eval_prompts = eval_prompts[: cfg.train.eval_samples]
-
+    t = cfg.train
+    train_prompts = _prompts(t.prompts)
+    eval_prompts = [p for p in _prompts(t.eval_prompts)[: t.eval_samples]]
+    eval_prompts = [p for p in eval_prompts for _ in range(t.eval_per_prompt)]
     actors = start_actors(cfg, redis_url)
     try:
-        return _loop(
-            cfg,
-            run_dir,
-            actors,
-            (train_prompts, eval_prompts),
-            resume=resume is not None,
-            progress=progress,
-            max_iterations=max_iterations,
-        )
+        loop = TrainingLoop(cfg, run_dir, actors, train_prompts, eval_prompts)
+        start = _resume_point(loop) if resume is not None else 0
+        end = cfg.run.iterations
+        if max_iterations is not None:
+            end = min(end, start + max_iterations)
+        _attach_telemetry(loop)
+        try:
+            done = loop.run(start, end, progress)
+        finally:
+            if loop.exporter is not None:
+                loop.exporter.close()
+        _finish(loop, start, done)
     finally:
         actors.stop()
-
-
-def _loop(
-    cfg: G2RPOConfig,
-    run_dir: Path,
-    actors: RunActors,
-    prompt_sets,
-    *,
-    resume: bool,
-    progress: bool,
-    max_iterations: int | None,
-) -> Path:
-    """Resume point, then iterations: publish, evaluate, roll out, update, record."""
-    learner, workers, rewards = actors.learner, actors.workers, actors.rewards
-    train_prompts, eval_prompts = prompt_sets
-    start = 0
-    metrics_path = run_dir / "metrics.jsonl"
-    if resume:
-        ckpt = _latest_checkpoint(run_dir)
-        if ckpt is not None:
-            start = ray.get(learner.load.remote(str(ckpt)))
-        if start > cfg.run.iterations:
-            raise ValueError(
-                f"run.iterations={cfg.run.iterations}: the run's checkpoint is already at "
-                f"iteration {start}; resume with --set run.iterations=N for N >= {start}"
-            )
-        kept = [
-            ln
-            for ln in (metrics_path.read_text().splitlines() if metrics_path.exists() else [])
-            if json.loads(ln)["iteration"] < start
-        ]
-        metrics_path.write_text("".join(ln + "\n" for ln in kept))
-    end = (
-        cfg.run.iterations
-        if max_iterations is None
-        else min(cfg.run.iterations, start + max_iterations)
-    )
-    P = cfg.sampling.prompts_per_worker
-    exporter = status = None
-    if cfg.train.metrics_port is not None:
-        from .telemetry import TrainingExporter
-
-        exporter = TrainingExporter(cfg.train.metrics_port)
-        (run_dir / "metrics_port").write_text(f"{exporter.port}\n")
-    if rewards.redis_url:
-        from .telemetry import RedisStatus
-
-        status = RedisStatus(rewards.redis_url, cfg.run.name)
-    bar = tqdm(
-        range(start, end),
-        desc=f"train {cfg.run.name}",
-        disable=not progress,
-        initial=start,
-        total=cfg.run.iterations,
-    )
-    done = start
-    try:
-        for it in bar:
-            t0 = time.perf_counter()
-            version, (ref,), checksum, nbytes = ray.get(learner.publish.remote())
-            rewards.refresh(timeout=cfg.train.placement_timeout_s)
-            loaded = []
-            for i, pending in enumerate(
-                [w.load_weights.remote(version, ref, checksum) for w in workers]
-            ):
-                try:
-                    loaded.append(ray.get(pending))
-                except ray.exceptions.RayActorError:  # restarted by Ray: load again
-                    loaded.append(_get_with_retry(_load_call(version, ref, checksum), workers, i))
-            for i, got in enumerate(loaded):
-                if got != (version, checksum):
-                    raise RuntimeError(f"worker {i} loaded {got}, expected {(version, checksum)}")
-            t1 = time.perf_counter()
-            record_actors(run_dir, actors)  # outside the timed phases
-            row: dict = {"iteration": it, "version": version, "weights_bytes": nbytes}
-            if it % cfg.train.eval_every == 0 or it == end - 1:
-                images, scores = _get_with_retry(
-                    lambda w: w.evaluate.remote(
-                        eval_prompts, cfg.run.seed + 10_000, *rewards.args()
-                    ),
-                    workers,
-                    0,
-                )
-                for name, vals in scores.items():
-                    row[f"eval/{name}"] = float(np.mean(vals))
-                if it % cfg.train.checkpoint_every == 0 or it == end - 1:
-                    _grid(run_dir / "samples" / f"it_{it:05d}.png", images, eval_prompts)
-            t2 = time.perf_counter()
-            prompts = prompts_for(train_prompts, cfg.run.seed, it, P * len(workers))
-            shares = [prompts[i * P : (i + 1) * P] for i in range(len(workers))]
-            refs = [
-                w.rollout.remote(it, sh, *rewards.args())
-                for w, sh in zip(workers, shares, strict=True)
-            ]
-            results = []
-            for i, r in enumerate(refs):
-                try:
-                    results.append(ray.get(r))
-                except ray.exceptions.RayActorError:  # Ray restarts the actor; redo its share
-                    redo = _redo(version, ref, checksum, it, shares[i], rewards.args())
-                    results.append(_get_with_retry(redo, workers, i))
-            t3 = time.perf_counter()
-            stats = ray.get(learner.update.remote(*results))
-            t4 = time.perf_counter()
-            row.update(_summarise(results, stats))
-            row["time/weight_push_s"] = t1 - t0
-            row["time/eval_s"] = t2 - t1
-            row["time/rollout_s"] = max(b.timings["rollout_s"] for b in results)
-            row["time/reward_s"] = max(b.timings["reward_s"] for b in results)
-            row["time/rollout_and_reward_s"] = t3 - t2
-            row["time/learn_s"] = t4 - t3
-            row["time/iteration_s"] = t4 - t0
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            if exporter is not None:
-                exporter.observe(row)
-            if status is not None:
-                status.publish(row, run_dir, "running" if it + 1 < end else "finished")
-            done = it + 1
-            if done % cfg.train.checkpoint_every == 0 or done == end:
-                ray.get(learner.save.remote(str(run_dir / CKPT / f"it_{done:05d}.pt")))
-                _plot(run_dir, cfg.run.name)
-            main = cfg.rewards[0].name
-            bar.set_postfix(
-                reward=f"{row[f'reward/{main}']:.3f}",
-                loss=f"{row['loss']:.2e}",
-                it_s=f"{row['time/iteration_s']:.1f}",
-            )
-        # this session trained the last iteration, or an earlier one stopped before
-        # its export: final/ gets (or replaces) the trained weights
-        if done == cfg.run.iterations and (done > start or not (run_dir / "final").exists()):
-            _export(learner, run_dir)
-    except KeyboardInterrupt:
-        ray.get(learner.save.remote(str(run_dir / CKPT / f"it_{done:05d}.pt")))
-        print(
-            f"\ninterrupted after iteration {done}; resume with: g2rpo train --resume {run_dir}",
-            file=sys.stderr,
-        )
-        raise
-    finally:
-        if exporter is not None:
-            exporter.close()
     return run_dir
 
 
-def _plot(run_dir: Path, name: str) -> None:
-    from .plots import plot_curves
-
-    try:
-        plot_curves(read_metrics(run_dir), run_dir / "curves.png", title=name)
-    except Exception as exc:  # a picture must never end a run
-        print(f"could not draw {run_dir / 'curves.png'}: {exc}", file=sys.stderr)
-
-
-def _export(learner, run_dir: Path) -> None:
-    """The trained weights in a diffusers layout under final/, written aside and
-    swapped in, so a final/ that exists is always complete."""
-    import shutil
-
-    final, partial, old = (run_dir / n for n in ("final", "final.partial", "final.old"))
-    shutil.rmtree(partial, ignore_errors=True)
-    ray.get(learner.export.remote(str(partial)))
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    partial.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+def _resume_point(loop: TrainingLoop) -> int:
+    """Load the last checkpoint; keep the metrics and evaluations before it."""
+    cfg, run_dir = loop.cfg, loop.run_dir
+    ckpt = latest_checkpoint(run_dir)
+    start = ray.get(loop.actors.learner.load.remote(str(ckpt))) if ckpt is not None else 0
+    if start > cfg.run.iterations:
+        raise ValueError(
+            f"run.iterations={cfg.run.iterations}: the run's checkpoint is already at "
+            f"iteration {start}; resume with --set run.iterations=N for N >= {start}"
+        )
+    rows = truncate_metrics(run_dir, start)
+    if rows:
+        loop.budget.total = rows[-1].get("nfe_train_total", 0)
+        loop.budget.last = rows[-1].get("nfe_train", 0)
+    evaluations = read_evaluations(run_dir)
+    loop.first_eval = evaluations[0] if evaluations else None
+    loop.last_eval_nfe = evaluations[-1]["nfe_train_total"] if evaluations else None
+    return start
 
 
-def _grid(path: Path, images: np.ndarray, prompts: list[str], per_row: int = 8) -> None:
-    from PIL import Image
+def _attach_telemetry(loop: TrainingLoop) -> None:
+    if loop.cfg.train.metrics_port is not None:
+        from .telemetry import TrainingExporter
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    n = min(len(images), 32)
-    h, w = images.shape[1:3]
-    rows = (n + per_row - 1) // per_row
-    grid = Image.new("RGB", (per_row * (w * 3 + 2), rows * (h * 3 + 2)), "white")
-    for i in range(n):
-        tile = Image.fromarray(images[i]).resize((w * 3, h * 3), Image.NEAREST)
-        grid.paste(tile, ((i % per_row) * (w * 3 + 2), (i // per_row) * (h * 3 + 2)))
-    grid.save(path)
-    (path.with_suffix(".txt")).write_text("\n".join(prompts[:n]) + "\n")
+        loop.exporter = TrainingExporter(loop.cfg.train.metrics_port)
+        (loop.run_dir / "metrics_port").write_text(f"{loop.exporter.port}\n")
+    if loop.actors.rewards.redis_url:
+        from .telemetry import RedisStatus
+
+        loop.status = RedisStatus(loop.actors.rewards.redis_url, loop.cfg.run.name)
 
 
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+def _finish(loop: TrainingLoop, start: int, done: int) -> None:
+    """A finished run (all iterations, or its NFE budget spent) exports its weights
+    to final/ (or replaces them, when this session trained further) and says so."""
+    cfg, run_dir = loop.cfg, loop.run_dir
+    if done >= cfg.run.iterations:
+        reason = "iterations"
+    elif loop.budget.exhausted():
+        reason = "nfe_budget"
+    else:
+        return  # stopped by --max-iterations: resumable, not finished
+    if done > start or not (run_dir / "final").exists():
+        export_final(loop.actors.learner, run_dir)
+    if done > start or not (run_dir / "evals" / f"it_{done:05d}.json").exists():
+        _evaluate_final(loop, done)
+    mark_finished(run_dir, reason, done, loop.budget.total)
+
+
+def _evaluate_final(loop: TrainingLoop, done: int) -> None:
+    """The trained weights' own evaluation (evals/it_<done>.json), so that the
+    reward-vs-NFE curve ends at the run's last NFE."""
+    weights = loop.publish()
+    pending = loop.evaluate(done, weights, last=True)
+    loop.collect_evaluation(pending)

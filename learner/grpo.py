@@ -21,6 +21,7 @@ from typing import Literal
 
 import torch
 
+from ..common.flux import naming_backend
 from ..common.ppo import kl_to_reference, ppo_clip_loss
 from ..common.schedules import SamplingGrid
 from ..common.sde import (
@@ -56,6 +57,7 @@ class UpdateStats:
     optimizer_steps: int
     kl: float
     transitions: int
+    nfe_learn: int  # sample forwards of the recompute (and of the KL reference)
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -122,12 +124,15 @@ def grpo_update(
 
     ratios, clipped, norms = [], [], []
     total_loss = total_kl = 0.0
+    nfe = 0
     optimizer.zero_grad(set_to_none=True)
     for group in groups:
         # Chunk by distinct states so memory stays bounded; losses are weighted so
         # that the gradient equals the group mean.
         for chunk in _chunks_by_state(group, transitions.state_index, max_batch):
             frac = chunk.numel() / group.numel()
+            forwards = int(torch.unique(transitions.state_index[chunk]).numel())
+            nfe += forwards * (2 if kl_beta > 0 else 1)
             log_prob, mean, g = recompute_log_probs(model, transitions, chunk, cond, spec)
             stats = ppo_clip_loss(
                 log_prob,
@@ -144,7 +149,9 @@ def grpo_update(
                 kl = kl_to_reference(mean, ref_mean, g.to(mean.device)).mean()
                 loss = loss + kl_beta * kl
                 total_kl += float(kl.detach()) * frac / len(groups)
-            (loss * frac).backward()
+            # the backward runs the attention kernels the forward chose: name them
+            with naming_backend(getattr(model, "attention_backend", "auto")):
+                (loss * frac).backward()
             total_loss += float(loss.detach()) * frac / len(groups)
             ratios.append(stats.ratio.float().cpu())
             clipped.append(stats.clipped.cpu())
@@ -165,6 +172,7 @@ def grpo_update(
         optimizer_steps=len(norms),
         kl=total_kl,
         transitions=len(transitions),
+        nfe_learn=nfe,
     )
 
 

@@ -26,9 +26,19 @@ def local_cluster_resources(cfg: G2RPOConfig, redis_url: str | None = None) -> d
     left to Ray's detection: asking for a GPU the laptop lacks must fail."""
     t, r = cfg.train, cfg.train.reward
     replicas = r.job_replicas(redis_url)
-    cpus = t.workers * t.worker_num_cpus + t.learner_num_cpus + replicas * r.num_cpus
+    evaluators = int(t.eval_actor)
+    cpus = (
+        t.workers * t.worker_num_cpus
+        + t.learner_num_cpus
+        + replicas * r.num_cpus
+        + evaluators * t.eval_num_cpus
+    )
     custom: dict[str, float] = {}
-    for count, res in ((t.workers, t.worker_resources), (1, t.learner_resources)):
+    for count, res in (
+        (t.workers, t.worker_resources),
+        (1, t.learner_resources),
+        (evaluators, t.eval_resources),
+    ):
         for name, amount in res.items():
             custom[name] = custom.get(name, 0.0) + count * amount
     for name, amount in r.resources.items():

@@ -44,7 +44,7 @@ class TrainingExporter:
         for key, value in row.items():
             if key.startswith("reward/") and key.count("/") == 1:
                 self.reward.labels(key.split("/", 1)[1]).set(value)
-            elif key.startswith("eval/"):
+            elif key.startswith("eval/") and (key.count("/") == 1 or key.endswith("/pass")):
                 self.eval_reward.labels(key.split("/", 1)[1]).set(value)
             elif key.startswith("time/"):
                 self.phase.labels(key[5:].removesuffix("_s")).set(value)

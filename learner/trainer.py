@@ -23,6 +23,14 @@ from .advantages import plan_advantages
 from .grpo import StepSpec, grpo_update
 
 
+def trained_state(transformer: torch.nn.Module, lora: bool) -> dict[str, torch.Tensor]:
+    """What changes in training, on the CPU: the adapters of a LoRA run, else every
+    weight (what the learner publishes and checkpoints)."""
+    if lora:
+        return adapter_state(transformer)
+    return {k: v.detach().cpu().clone() for k, v in transformer.state_dict().items()}
+
+
 class StaleTrajectories(RuntimeError):
     """Trajectories sampled with weights older than the staleness bound allows."""
 
@@ -103,6 +111,7 @@ class LearnerCore:
             self.side,
             guidance=m.guidance,
             autocast_dtype=m.autocast_dtype(),
+            attention_backend=m.attention_backend,
         )
 
     def _reference_model(self):
@@ -115,10 +124,7 @@ class LearnerCore:
         return self._velocity_of(copy.deepcopy(self.transformer).eval().requires_grad_(False))
 
     def trained_state(self) -> dict[str, torch.Tensor]:
-        """What changes in training: the adapters of a LoRA run, else every weight."""
-        if self.lora:
-            return adapter_state(self.transformer)
-        return {k: v.detach().cpu().clone() for k, v in self.transformer.state_dict().items()}
+        return trained_state(self.transformer, self.lora)
 
     def weights(self) -> tuple[int, dict[str, torch.Tensor], str]:
         state = self.trained_state()

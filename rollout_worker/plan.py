@@ -88,6 +88,27 @@ class RolloutPlan:
         return out
 
 
+def tree_nfe(plan: RolloutPlan, kinds: tuple[LeafKind, ...] | None = None) -> int:
+    """Model evaluations of the rollout tree restricted to leaves of ``kinds`` (all
+    when None): one per distinct node (root, edge prefix) that some leaf steps from."""
+    nodes = {
+        (leaf.root, leaf.edges[:d])
+        for leaf in plan.leaves
+        if kinds is None or leaf.kind in kinds
+        for d in range(len(leaf.edges))
+    }
+    return len(nodes)
+
+
+def algorithm_nfe(plan: RolloutPlan) -> int:
+    """The rollout NFEs the algorithm itself needs: a baseline's ODE anchors only
+    measure the policy (``anchor_reward``), so they count as evaluation, not
+    training; G²RPO's anchor is the trunk its branches start from."""
+    if plan.algorithm in ("g2rpo", "anchor"):
+        return tree_nfe(plan)
+    return tree_nfe(plan, ("sample",))
+
+
 def _anchor_edges(num_steps: int, store: bool) -> tuple[Edge, ...]:
     return tuple(Edge(to=t, store=store) for t in range(1, num_steps + 1))
 

@@ -17,7 +17,7 @@ from ..common.lora import AdapterMismatch, add_lora, load_adapter_state
 from ..common.schedules import sampling_grid
 from ..reward_server.client import RewardClient
 from .engine import RolloutEngine, Transitions, draw_noise
-from .plan import RolloutPlan, anchor_plan, plan_for
+from .plan import RolloutPlan, algorithm_nfe, anchor_plan, plan_for
 
 
 class WeightMismatch(RuntimeError):
@@ -54,6 +54,23 @@ def attach_lora(transformer: torch.nn.Module, cfg: G2RPOConfig) -> None:
         add_lora(transformer, cfg.model.lora, seed_for(cfg.run.seed, 0, 0, 2))
 
 
+def load_published(
+    transformer: torch.nn.Module, version: int, state: dict, checksum: str, lora: bool
+) -> None:
+    """Verify a published version's checksum, then load it strictly: the adapters of
+    a LoRA run, else every weight."""
+    got = weights_checksum(state)
+    if got != checksum:
+        raise WeightMismatch(f"weights v{version}: checksum {got} != published {checksum}")
+    if lora:
+        try:
+            load_adapter_state(transformer, state)
+        except AdapterMismatch as exc:
+            raise WeightMismatch(f"weights v{version}: {exc}") from None
+    else:
+        transformer.load_state_dict(state)
+
+
 @torch.no_grad()
 def sample_on_pipeline(
     comps: FluxComponents,
@@ -85,8 +102,9 @@ class Trajectories:
     transitions: Transitions
     cond: dict[str, torch.Tensor]
     leaf_rewards: dict[str, torch.Tensor]
-    nfe: int
+    nfe: int  # every sample evaluation of the rollout
     model_calls: int
+    nfe_algorithm: int = 0  # of which the algorithm needs (not a baseline's logging anchors)
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -106,7 +124,11 @@ class RolloutWorkerCore:
         self.comps.transformer.eval()
         size = cfg.train.image_size
         self.model = self.comps.velocity_model(
-            size, size, guidance=cfg.model.guidance, autocast_dtype=cfg.model.autocast_dtype()
+            size,
+            size,
+            guidance=cfg.model.guidance,
+            autocast_dtype=cfg.model.autocast_dtype(),
+            attention_backend=cfg.model.attention_backend,
         )
         self.grid = sampling_grid(
             cfg.sampling.num_steps, cfg.sampling.shift, cfg.model.quantize_timestep
@@ -116,16 +138,9 @@ class RolloutWorkerCore:
         self.client_urls: tuple = ()
 
     def load_weights(self, version: int, state: dict, checksum: str) -> tuple[int, str]:
-        got = weights_checksum(state)
-        if got != checksum:
-            raise WeightMismatch(f"weights v{version}: checksum {got} != published {checksum}")
-        if self.cfg.model.lora is not None:
-            try:
-                load_adapter_state(self.comps.transformer, state)
-            except AdapterMismatch as exc:
-                raise WeightMismatch(f"weights v{version}: {exc}") from None
-        else:
-            self.comps.transformer.load_state_dict(state)
+        load_published(
+            self.comps.transformer, version, state, checksum, self.cfg.model.lora is not None
+        )
         self.version, self.checksum = version, checksum
         return version, checksum
 
@@ -194,6 +209,7 @@ class RolloutWorkerCore:
             },
             nfe=result.nfe,
             model_calls=result.model_calls,
+            nfe_algorithm=algorithm_nfe(plan),
             timings={"rollout_s": t1 - t0, "reward_s": t2 - t1},
         )
 
@@ -205,8 +221,10 @@ class RolloutWorkerCore:
         redis_url: str | None = None,
         token: str | None = None,
         scorers: list[str] | None = None,
-    ) -> tuple[np.ndarray, dict[str, list[float]]]:
-        """Deterministic anchor samples of fixed prompts with fixed noise, scored."""
+    ) -> tuple[np.ndarray, dict[str, list[float]], float]:
+        """Deterministic anchor samples of fixed prompts with fixed noise, scored:
+        (uint8 images, scores per scorer, seconds it took)."""
+        t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(seed)
         _, _, images = self._sample(
             anchor_plan(len(prompts), self.cfg.sampling.num_steps), prompts, gen
@@ -214,4 +232,4 @@ class RolloutWorkerCore:
         client = self._reward_client(reward_urls, redis_url, token)
         names = scorers or [r.name for r in self.cfg.rewards]
         response = client.score(images.numpy(), prompts, names)
-        return images.numpy(), response.scores
+        return images.numpy(), response.scores, time.perf_counter() - t0

@@ -60,3 +60,40 @@ def test_bf16_network_runs_under_autocast_with_fp32_inputs():
         out = vel(torch.randn(2, 4, 64), torch.tensor([0.978, 0.409]), flux_cond(2))
     assert seen == [torch.float32]
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
+
+
+def test_attention_backend_restricts_the_sdpa_kernels():
+    """auto == math on CPU (the same attention, other kernel); a kernel the device
+    lacks fails naming the config field instead of a bare torch error."""
+    from g2rpo.common.flux import AttentionBackendError, FluxVelocity
+
+    model = build_tiny_flux("test", seed=0)
+    x, t, cond = torch.randn(2, 4, 64), torch.tensor([0.9, 0.3]), flux_cond(2)
+    with torch.no_grad():
+        auto = FluxVelocity(model, 4, 4)(x, t, cond)
+        math = FluxVelocity(model, 4, 4, attention_backend="math")(x, t, cond)
+        torch.testing.assert_close(auto, math, rtol=1e-5, atol=1e-6)
+        with pytest.raises(AttentionBackendError, match=r"model\.attention_backend=cudnn"):
+            FluxVelocity(model, 4, 4, attention_backend="cudnn")(x, t, cond)
+    with pytest.raises(ValueError, match=r"model\.attention_backend"):
+        FluxVelocity(model, 4, 4, attention_backend="fastest")
+
+
+def test_attention_backend_is_a_config_field():
+    from g2rpo.common.config import ConfigError, load_config
+
+    assert load_config(None).model.attention_backend == "auto"
+    with pytest.raises(ConfigError, match=r"model\.attention_backend"):
+        load_config(None, ["model.attention_backend=fastest"])
+
+
+def test_flop_counter_known_answer():
+    """A linear layer costs 2·B·in·out FLOPs forward and twice that backward."""
+    from g2rpo.common.flops import count_flops, utilisation
+
+    layer = torch.nn.Linear(32, 16, bias=False)
+    x = torch.randn(8, 32, requires_grad=True)
+    assert count_flops(lambda: layer(x)) == 2 * 8 * 32 * 16
+    assert count_flops(lambda: layer(x).sum().backward()) == 3 * 2 * 8 * 32 * 16
+    assert utilisation(2e12, 2.0, 10.0) == {"tflops": 1.0, "mfu": 0.1}
+    assert utilisation(2e12, 2.0, None)["mfu"] is None

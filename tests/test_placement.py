@@ -33,19 +33,22 @@ def test_a_local_ray_gets_the_resources_the_config_names():
             "train.reward.resources={scorer: 1}",
         ],
     )
-    # 3·2 worker CPUs + 1 learner + 2 replicas; sampler 3·0.5 + 1 = 2.5, rounded up
-    # to whole units (a node cannot declare 2.5)
+    # 3·2 worker CPUs + 1 learner + 2 replicas + 1 evaluator; sampler 3·0.5 + 1 = 2.5,
+    # rounded up to whole units (a node cannot declare 2.5)
     assert local_cluster_resources(cfg) == {
-        "num_cpus": 9,
+        "num_cpus": 10,
         "resources": {"sampler": 3.0, "trainer": 1.0, "scorer": 2.0},
     }
     external = load_config(None, ["train.reward.urls=[http://scorer:8300]"])
-    # no job replica: 1 worker + 1 learner
-    assert local_cluster_resources(external)["num_cpus"] == 2
+    # no job replica: 1 worker + 1 learner + 1 evaluator
+    assert local_cluster_resources(external)["num_cpus"] == 3
     default = load_config(None)
-    assert local_cluster_resources(default)["num_cpus"] == 3  # worker, learner, one job replica
+    # worker, learner, one job replica, the evaluator
+    assert local_cluster_resources(default)["num_cpus"] == 4
     # a --redis-url on the command line means external replicas: the job starts none
-    assert local_cluster_resources(default, "redis://127.0.0.1:6390/0")["num_cpus"] == 2
+    assert local_cluster_resources(default, "redis://127.0.0.1:6390/0")["num_cpus"] == 3
+    inline = load_config(None, ["train.eval_actor=false"])  # eval on worker 0
+    assert local_cluster_resources(inline)["num_cpus"] == 3
 
 
 @pytest.fixture(scope="module")

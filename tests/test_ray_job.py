@@ -21,7 +21,7 @@ def test_ray_job_submit_completes_one_iteration(quick_world, tmp_path):
             f"--port={gcs}",
             "--dashboard-host=127.0.0.1",
             f"--dashboard-port={dash}",
-            "--num-cpus=4",
+            "--num-cpus=5",  # 2 workers, learner, reward replica, evaluator
             "--disable-usage-stats",
         ],
         env=env,

@@ -15,8 +15,8 @@ SMALL = SMALL_RUN
 @pytest.fixture(scope="module")
 def ray_local():
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(  # 2 rollout workers + learner + the job's reward replica, 1 CPU each
-        num_cpus=4, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20
+    ray.init(  # 2 rollout workers, learner, the job's reward replica, evaluator: 1 CPU each
+        num_cpus=5, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20
     )
     yield
     ray.shutdown()

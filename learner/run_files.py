@@ -1,0 +1,130 @@
+"""A run directory's files: metrics.jsonl, evaluations, checkpoints (with
+retention), the final export, sample grids, curves and the finished marker."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..common.config import G2RPOConfig
+
+CKPT = "checkpoints"
+FINISHED = "finished.json"
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def append_metrics(run_dir: Path, row: dict) -> None:
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def truncate_metrics(run_dir: Path, start: int) -> list[dict]:
+    """Keep the rows of iterations before ``start`` (a resume redoes the rest)."""
+    path = run_dir / "metrics.jsonl"
+    rows = [r for r in (read_metrics(run_dir) if path.exists() else []) if r["iteration"] < start]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for stale in (run_dir / "evals").glob("it_*.json"):
+        if int(stale.stem[3:]) >= start:
+            stale.unlink()
+    (run_dir / FINISHED).unlink(missing_ok=True)
+    return rows
+
+
+def write_json_atomic(path: Path, data) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def save_evaluation(run_dir: Path, iteration: int, record: dict) -> None:
+    """Per-sample eval scores of one iteration (the report and compare read them)."""
+    (run_dir / "evals").mkdir(exist_ok=True)
+    write_json_atomic(run_dir / "evals" / f"it_{iteration:05d}.json", record)
+
+
+def read_evaluations(run_dir: str | Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(Path(run_dir).glob("evals/it_*.json"))]
+
+
+def checkpoint_path(run_dir: Path, done: int) -> Path:
+    return run_dir / CKPT / f"it_{done:05d}.pt"
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    ckpts = sorted((run_dir / CKPT).glob("it_*.pt"))
+    return ckpts[-1] if ckpts else None
+
+
+def prune_checkpoints(run_dir: Path, cfg: G2RPOConfig) -> list[Path]:
+    """Delete periodic checkpoints beyond the newest ``train.keep_checkpoints``;
+    those named in ``train.checkpoint_at`` stay."""
+    keep = cfg.train.keep_checkpoints
+    if keep is None:
+        return []
+    pinned = {checkpoint_path(run_dir, i) for i in cfg.train.checkpoint_at}
+    periodic = [p for p in sorted((run_dir / CKPT).glob("it_*.pt")) if p not in pinned]
+    doomed = periodic[:-keep]
+    for p in doomed:
+        p.unlink(missing_ok=True)
+    return doomed
+
+
+def mark_finished(run_dir: Path, reason: str, iterations: int, nfe_train_total: int) -> None:
+    write_json_atomic(
+        run_dir / FINISHED,
+        {"reason": reason, "iterations": iterations, "nfe_train_total": nfe_train_total},
+    )
+
+
+def finished(run_dir: str | Path) -> dict | None:
+    path = Path(run_dir) / FINISHED
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def export_final(learner, run_dir: Path) -> None:
+    """The trained weights in a diffusers layout under final/, written aside and
+    swapped in, so a final/ that exists is always complete."""
+    import ray
+
+    final, partial, old = (run_dir / n for n in ("final", "final.partial", "final.old"))
+    shutil.rmtree(partial, ignore_errors=True)
+    ray.get(learner.export.remote(str(partial)))
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    partial.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_sample_grid(
+    path: Path, images: np.ndarray, prompts: list[str], per_prompt: int, title: str
+) -> None:
+    """Eval samples as a labelled grid: up to 8 prompts × their first 4 samples."""
+    from ..evaluation.grids import labelled_grid, spread_rows
+
+    distinct = prompts[::per_prompt]
+    rows = spread_rows(len(distinct), 8)
+    k = min(per_prompt, 4)
+    tiles = np.stack([images[r * per_prompt : r * per_prompt + k] for r in rows])
+    labelled_grid(
+        path, [distinct[r] for r in rows], [("samples (fixed noise)", tiles)], title=title
+    )
+    path.with_suffix(".txt").write_text("\n".join(distinct[r] for r in rows) + "\n")
+
+
+def draw_curves(run_dir: Path, name: str) -> None:
+    from .plots import plot_curves
+
+    try:
+        plot_curves(read_metrics(run_dir), run_dir / "curves.png", title=name)
+    except Exception as exc:  # a picture must never end a run
+        print(f"could not draw {run_dir / 'curves.png'}: {exc}", file=sys.stderr)

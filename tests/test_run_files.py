@@ -1,0 +1,67 @@
+"""Run-directory bookkeeping: checkpoint retention, resume truncation, the eval schedule."""
+
+from pathlib import Path
+
+from g2rpo.common.config import load_config
+from g2rpo.learner.driver import Budget, TrainingLoop
+from g2rpo.learner.run_files import (
+    append_metrics,
+    finished,
+    mark_finished,
+    prune_checkpoints,
+    read_metrics,
+    save_evaluation,
+    truncate_metrics,
+)
+
+
+def _touch(run: Path, *its: int) -> None:
+    (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+    for i in its:
+        (run / "checkpoints" / f"it_{i:05d}.pt").write_bytes(b"x")
+
+
+def test_keep_checkpoints_keeps_the_newest_and_the_pinned(tmp_path):
+    cfg = load_config(None, ["train.keep_checkpoints=2", "train.checkpoint_at=[10]"])
+    _touch(tmp_path, 5, 10, 15, 20, 25)
+    gone = prune_checkpoints(tmp_path, cfg)
+    left = sorted(p.stem for p in (tmp_path / "checkpoints").glob("*.pt"))
+    assert left == ["it_00010", "it_00020", "it_00025"]
+    assert sorted(p.stem for p in gone) == ["it_00005", "it_00015"]
+    assert prune_checkpoints(tmp_path, load_config(None)) == []  # default: keep all
+
+
+def test_resume_truncates_metrics_evals_and_the_finished_mark(tmp_path):
+    for i in range(4):
+        append_metrics(tmp_path, {"iteration": i})
+        save_evaluation(tmp_path, i, {"iteration": i})
+    mark_finished(tmp_path, "iterations", 4, 123)
+    assert finished(tmp_path)["nfe_train_total"] == 123
+    kept = truncate_metrics(tmp_path, 2)
+    assert (
+        [r["iteration"] for r in kept] == [0, 1] == [r["iteration"] for r in read_metrics(tmp_path)]
+    )
+    assert sorted(p.name for p in (tmp_path / "evals").iterdir()) == [
+        "it_00000.json",
+        "it_00001.json",
+    ]
+    assert finished(tmp_path) is None
+
+
+def _loop(overrides):
+    cfg = load_config(None, overrides)
+    return TrainingLoop(cfg, Path("."), None, [], [])
+
+
+def test_eval_every_iterations_or_every_n_training_nfes():
+    loop = _loop(["train.eval_every=3"])
+    assert [it for it in range(8) if loop.eval_due(it)] == [0, 3, 6]
+    loop = _loop(["train.eval_every_nfe=1000"])
+    due = []
+    for it in range(8):  # 400 training NFEs per iteration
+        if loop.eval_due(it):
+            due.append(it)
+            loop.last_eval_nfe = loop.budget.total
+        loop.budget.add(400)
+    assert due == [0, 3, 6]  # at 0, 1200, 2400 NFEs
+    assert isinstance(loop.budget, Budget)
