@@ -1,0 +1,2 @@
+"""Evidence: evaluating policies on fixed noise, comparing methods at equal compute,
+and the HTML report."""

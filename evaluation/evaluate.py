@@ -1,0 +1,156 @@
+"""``g2rpo eval``: sample a policy on fixed prompts with fixed noise (the same noise
+for every model compared), score every sample in this process, and summarise with
+95% bootstrap CIs over prompts and paired differences against a base model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm.auto import tqdm
+
+from ..common.flux_pipeline import FluxComponents
+from ..common.schedules import sampling_grid
+from ..common.shapes import split_combinations
+from ..rollout_worker.engine import RolloutEngine
+from ..rollout_worker.plan import anchor_plan
+from .metrics import make_scorers, score_samples
+
+SPLIT_SEED_OFFSET = {"held_out": 0, "train": 1}
+
+
+class EvalSettings(BaseModel):
+    """How a policy is sampled and scored (a run's own sampling settings by default)."""
+
+    model_config = ConfigDict(extra="forbid")
+    splits: list[str] = Field(
+        default_factory=lambda: ["held_out", "train"],
+        description="held_out, train (shapes-world prompts) or a text file of prompts",
+    )
+    prompts_per_split: int = Field(40, ge=1)
+    samples_per_prompt: int = Field(8, ge=1)
+    seed: int = Field(10_000, description="noise seed (held_out: seed, train: seed+1, files +2)")
+    num_steps: int = Field(16, ge=2)
+    shift: float = Field(3.0, gt=0)
+    image_size: int = Field(32, ge=16)
+    max_sequence_length: int = Field(16, ge=1)
+    guidance: float = 3.5
+    quantize_timestep: bool = True
+    scorers: list[str] = Field(default_factory=lambda: ["shapes_clip", "shapes_oracle"])
+    batch: int = Field(256, ge=1, description="samples per sampling chunk")
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+    @classmethod
+    def for_run(cls, cfg, **overrides) -> EvalSettings:
+        """Sample as the run samples; score with the run's reward-server scorers."""
+        s = cfg.sampling
+        fields = dict(
+            num_steps=s.num_steps,
+            shift=s.shift,
+            image_size=cfg.train.image_size,
+            max_sequence_length=cfg.train.max_sequence_length,
+            guidance=cfg.model.guidance,
+            quantize_timestep=cfg.model.quantize_timestep,
+        )
+        if cfg.train.reward.scorers:
+            fields["scorers"] = list(cfg.train.reward.scorers)
+        fields.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**fields)
+
+
+def split_prompts(split: str, count: int) -> list[str]:
+    """The first ``count`` prompts of a split; ``train`` is a fixed spread sample."""
+    train, held = split_combinations()
+    if split == "held_out":
+        return [s.prompt for s in held][:count]
+    if split == "train":
+        pick = np.random.default_rng(0).choice(len(train), min(count, len(train)), replace=False)
+        return [train[i].prompt for i in sorted(pick)]
+    path = Path(split)
+    if not path.is_file():
+        raise ValueError(f"splits: {split!r} is neither held_out, train nor a prompts file")
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError(f"splits: {split} holds no prompts")
+    return lines[:count]
+
+
+def split_seed(split: str, seed: int) -> int:
+    return seed + SPLIT_SEED_OFFSET.get(split, 2)
+
+
+@dataclass
+class SplitSamples:
+    split: str
+    prompts: list[str]  # distinct prompts; sample i belongs to prompts[i // per_prompt]
+    per_prompt: int
+    images: np.ndarray  # uint8 [P·n, H, W, 3]
+    values: dict[str, np.ndarray]  # metric → [P·n]
+
+    def tiles(self, rows: list[int], k: int) -> np.ndarray:
+        """[len(rows), k, H, W, 3]: the first k samples of the chosen prompts."""
+        n = self.per_prompt
+        return np.stack([self.images[r * n : r * n + k] for r in rows])
+
+
+@torch.no_grad()
+def sample_fixed_noise(
+    comps: FluxComponents,
+    prompts: list[str],
+    noise_seed: int,
+    settings: EvalSettings,
+    *,
+    progress: bool = False,
+) -> np.ndarray:
+    """Deterministic ODE samples: noise row i is drawn for sample i from one
+    generator (as the training-time eval draws it), whatever the chunking."""
+    size = settings.image_size
+    shape = comps.packed_shape(size, size)
+    noise = torch.randn((len(prompts), *shape), generator=torch.Generator().manual_seed(noise_seed))
+    model = comps.velocity_model(
+        size,
+        size,
+        guidance=settings.guidance,
+        autocast_dtype=None if settings.dtype == "float32" else torch.bfloat16,
+    )
+    engine = RolloutEngine(
+        model,
+        sampling_grid(settings.num_steps, settings.shift, settings.quantize_timestep),
+        max_batch=settings.batch,
+    )
+    out = []
+    chunks = range(0, len(prompts), settings.batch)
+    for lo in tqdm(chunks, desc="sampling", disable=not progress, leave=False):
+        chunk = prompts[lo : lo + settings.batch]
+        cond = comps.encode_prompts(chunk, settings.max_sequence_length)
+        plan = anchor_plan(len(chunk), settings.num_steps)
+        empty = noise.new_zeros((0, *shape))
+        result = engine.run(plan, cond, noise[lo : lo + len(chunk)].to(comps.device), empty)
+        out.append(comps.decode(result.leaf_latents, size, size).numpy())
+    return np.concatenate(out)
+
+
+def evaluate_policy(
+    comps: FluxComponents,
+    settings: EvalSettings,
+    scorers: dict | None = None,
+    *,
+    progress: bool = False,
+) -> dict[str, SplitSamples]:
+    """Sample and score every split."""
+    scorers = scorers or make_scorers(settings.scorers, settings.device)
+    out = {}
+    for split in settings.splits:
+        prompts = split_prompts(split, settings.prompts_per_split)
+        n = settings.samples_per_prompt
+        listed = [p for p in prompts for _ in range(n)]
+        images = sample_fixed_noise(
+            comps, listed, split_seed(split, settings.seed), settings, progress=progress
+        )
+        out[split] = SplitSamples(split, prompts, n, images, score_samples(scorers, images, listed))
+    return out

@@ -1,0 +1,63 @@
+"""Labelled sample grids (PNG): one row per prompt, column groups side by side
+(ground truth, base, each model or method), a title over each group."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+LABEL_WIDTH = 240
+HEADER = 18
+
+
+def labelled_grid(
+    path: str | Path,
+    labels: Sequence[str],
+    groups: Sequence[tuple[str, np.ndarray]],
+    *,
+    scale: int = 3,
+    title: str = "",
+) -> Path:
+    """``groups``: (title, uint8 images [len(labels), k, H, W, 3]) per column group.
+    Writes the grid to ``path`` and returns it."""
+    from PIL import Image, ImageDraw
+
+    if not groups:
+        raise ValueError("a grid needs at least one column group")
+    rows = len(labels)
+    for name, imgs in groups:
+        if imgs.ndim != 5 or imgs.shape[0] != rows:
+            raise ValueError(f"group {name!r}: images {imgs.shape} do not match {rows} rows")
+    h, w = groups[0][1].shape[2:4]
+    cell_w, cell_h, gap = w * scale + 2, h * scale + 2, 10
+    widths = [g[1].shape[1] * cell_w for g in groups]
+    top = HEADER * (2 if title else 1)
+    canvas = Image.new(
+        "RGB", (LABEL_WIDTH + sum(widths) + gap * len(groups), top + rows * cell_h + 4), "white"
+    )
+    draw = ImageDraw.Draw(canvas)
+    if title:
+        draw.text((6, 3), title, fill="black")
+    x0 = LABEL_WIDTH
+    for (name, imgs), width in zip(groups, widths, strict=True):
+        draw.text((x0, top - HEADER + 3), name, fill="black")
+        for r in range(rows):
+            for c in range(imgs.shape[1]):
+                tile = Image.fromarray(imgs[r, c]).resize((w * scale, h * scale), Image.NEAREST)
+                canvas.paste(tile, (x0 + c * cell_w, top + r * cell_h))
+        x0 += width + gap
+    for r, label in enumerate(labels):
+        draw.text((6, top + r * cell_h + cell_h // 2 - 6), label, fill="black")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(path)
+    return path
+
+
+def spread_rows(num_prompts: int, count: int) -> list[int]:
+    """``count`` prompt indices spread over the list (varied shapes and colours)."""
+    if num_prompts <= count:
+        return list(range(num_prompts))
+    return [int(i) for i in np.linspace(0, num_prompts - 1, count).round()]

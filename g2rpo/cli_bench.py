@@ -1,0 +1,231 @@
+"""``g2rpo bench ...``: the benchmark commands (engine, reward server, learner,
+weight publishing)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def _cmd_bench_engine(args: argparse.Namespace) -> int:
+    import torch
+
+    from g2rpo.rollout_worker.bench import bench_engine
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = bench_engine(
+        quick=args.quick,
+        device=args.device,
+        size=args.size,
+        dtype=args.dtype,
+        latent_size=args.latent_size,
+        num_steps=args.steps,
+        group_size=args.group_size,
+        sde_steps=args.sde_steps,
+        granularities=args.granularities,
+        terminal=args.terminal,
+        num_prompts=args.prompts,
+        max_batch=args.max_batch,
+        repeats=args.repeats,
+        progress=not args.json and sys.stderr.isatty(),
+        attention_backend=args.attention_backend,
+    )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        s = result["settings"]
+        m = s["model"]
+        print(
+            f"G²RPO rollout, T={s['num_steps']} G={s['group_size']} k={s['sde_steps']} "
+            f"g={s['granularities']} terminal={s['terminal']} prompts={s['num_prompts']}\n"
+            f"model: {m['class']} ({m['preset']}) {m['parameters']:,} params, "
+            f"{m['image_tokens']} image tokens, {m['dtype']} on {s['device']}\n"
+            f"  batched  : {result['wall_batched_s']:.3f} s, {result['nfe_batched']} NFEs "
+            f"(expected {result['nfe_expected']}, unshared {result['nfe_unshared']}) "
+            f"in {result['model_calls_batched']} calls\n"
+            f"  reference: {result['wall_reference_s']:.3f} s, {result['nfe_reference']} NFEs\n"
+            f"  speedup {result['speedup']:.2f}x, parity max |Δ| {result['parity_max_abs']:.2e}\n"
+            f"  {result['flops_per_nfe'] / 1e9:.3f} GFLOP per NFE; engine "
+            f"{result['engine']['tflops']:.3f} TFLOP/s, raw forward at batch "
+            f"{result['raw_forward']['batch']} {result['raw_forward']['tflops']:.3f} TFLOP/s: "
+            f"engine = {result['engine_vs_raw_forward']:.0%} of the raw forward"
+            + (f", MFU {result['engine']['mfu']:.1%}" if result["engine"]["mfu"] else "")
+        )
+    return 0
+
+
+def _cmd_bench_reward(args: argparse.Namespace) -> int:
+    from g2rpo.reward_server.bench import bench_reward
+
+    result = bench_reward(
+        scorer=args.scorer, duration_s=args.duration, per_request=args.images_per_request
+    )
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"scorer {result['scorer']}, {result['images_per_request']} images per request")
+    for key in ("batched", "unbatched"):
+        for r in result[key]:
+            print(
+                f"  {key:9s} {r['clients']:3d} clients: {r['images_per_s']:8.1f} images/s, "
+                f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
+            )
+    for n, r in result["replicas"].items():
+        print(
+            f"  {n} replica(s), {r['clients']} clients: {r['images_per_s']:.1f} images/s, "
+            f"p99 {r['p99_ms']:.1f} ms"
+        )
+    print(f"  batching gain {result['batching_gain']}x, replica gain {result['replica_gain']}x")
+    return 0
+
+
+def _cmd_bench_learner(args: argparse.Namespace) -> int:
+    import torch
+
+    from g2rpo.learner.bench import bench_learner
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = bench_learner(
+        device=args.device,
+        size=args.size,
+        dtype=args.dtype,
+        latent_size=args.latent_size,
+        num_prompts=args.prompts,
+        group_size=args.group_size,
+        lora_rank=args.lora_rank,
+        repeats=args.repeats,
+        attention_backend=args.attention_backend,
+    )
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    s = result["settings"]
+    print(
+        f"one GRPO update: {s['transitions']} transitions ({s['num_prompts']} prompts x "
+        f"{len(s['sde_steps'])} SDE steps x G={s['group_size']}), {s['preset']} model "
+        f"{s['parameters']:,} params, {s['compute_dtype']} compute on {s['device']}"
+    )
+    for mode in ("full", "lora"):
+        r = result[mode]
+        mfu = f", MFU {r['mfu']:.1%}" if r["mfu"] else ""
+        print(
+            f"  {mode:4s}: {r['seconds_per_update']:.3f} s, {r['flops_per_update'] / 1e9:.2f} "
+            f"GFLOP, {r['tflops']:.3f} TFLOP/s{mfu} ({r['trainable_parameters']:,} trained)"
+        )
+    return 0
+
+
+def _cmd_bench_weights(args: argparse.Namespace) -> int:
+    from g2rpo.learner.bench_weights import bench_weights
+
+    result = bench_weights(
+        sizes=args.sizes.split(","),
+        workers=args.workers,
+        lora_rank=args.lora_rank,
+        repeats=args.repeats,
+        device=args.device,
+    )
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"publish + verified load on {args.workers} workers vs one put+get of the same bytes")
+    for key, r in result.items():
+        if key == "settings":
+            continue
+        print(
+            f"  {key:12s} {r['bytes'] / 2**20:8.2f} MiB: {r['publish_and_load_s']:.3f} s vs "
+            f"{r['put_get_one_worker_s']:.3f} s ({r['path_vs_floor']:.2f}x)"
+        )
+    return 0
+
+
+def add_bench_parsers(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="WHAT")
+    eng = bench_sub.add_parser(
+        "engine", help="batched tree engine vs the official-order reference loop"
+    )
+    eng.add_argument("--quick", action="store_true", help="one prompt, one repeat")
+    eng.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    eng.add_argument("--json", action="store_true", help="print one JSON object")
+    eng.add_argument(
+        "--size",
+        choices=["test", "bench", "gpu", "flux"],
+        default=None,
+        help="model preset (default: bench on cpu, gpu on cuda)",
+    )
+    eng.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    eng.add_argument(
+        "--latent-size",
+        type=int,
+        default=None,
+        help="latent height=width; tokens = (size/2)^2 (default 8 on cpu, 64 on cuda)",
+    )
+    eng.add_argument("--steps", type=int, default=16)
+    eng.add_argument("--group-size", type=int, default=12)
+    eng.add_argument("--sde-steps", type=int_list, default=None, help="e.g. 0,1,2,3")
+    eng.add_argument("--granularities", type=int_list, default=None, help="e.g. 1,2")
+    eng.add_argument("--terminal", choices=["exact", "reference"], default="exact")
+    eng.add_argument("--prompts", type=int, default=None)
+    eng.add_argument("--max-batch", type=int, default=256)
+    eng.add_argument("--repeats", type=int, default=None)
+    eng.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    eng.add_argument(
+        "--attention-backend",
+        choices=["auto", "flash", "efficient", "cudnn", "math"],
+        default="auto",
+        help="SDPA kernels (model.attention_backend)",
+    )
+    eng.set_defaults(func=_cmd_bench_engine)
+
+    rb = bench_sub.add_parser("reward", help="reward-server throughput and latency")
+    rb.add_argument("--json", action="store_true")
+    rb.add_argument("--scorer", default="shapes_clip")
+    rb.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+    rb.add_argument(
+        "--images-per-request",
+        type=int,
+        default=32,
+        help="images per request (a rollout worker sends G·K·|granularities| per prompt: 192 "
+        "in the paper's setting)",
+    )
+    rb.set_defaults(func=_cmd_bench_reward)
+
+    ln = bench_sub.add_parser("learner", help="one GRPO update (full and LoRA): time, TFLOP/s, MFU")
+    ln.add_argument("--device", default="cpu")
+    ln.add_argument("--size", choices=["test", "bench", "gpu", "flux"], default=None)
+    ln.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    ln.add_argument("--latent-size", type=int, default=None)
+    ln.add_argument("--prompts", type=int, default=2)
+    ln.add_argument("--group-size", type=int, default=4)
+    ln.add_argument("--lora-rank", type=int, default=16)
+    ln.add_argument("--repeats", type=int, default=3)
+    ln.add_argument("--threads", type=int, default=None)
+    ln.add_argument(
+        "--attention-backend",
+        choices=["auto", "flash", "efficient", "cudnn", "math"],
+        default="auto",
+    )
+    ln.add_argument("--json", action="store_true")
+    ln.set_defaults(func=_cmd_bench_learner)
+
+    wt = bench_sub.add_parser("weights", help="weight publish + load vs one object-store put+get")
+    wt.add_argument("--sizes", default="test,bench", help="model presets, comma-separated")
+    wt.add_argument("--workers", type=int, default=2)
+    wt.add_argument("--lora-rank", type=int, default=16)
+    wt.add_argument("--repeats", type=int, default=3)
+    wt.add_argument("--device", default="cpu")
+    wt.add_argument("--json", action="store_true")
+    wt.set_defaults(func=_cmd_bench_weights)
