@@ -1,0 +1,241 @@
+"""``g2rpo compare SPEC``: train every (method, seed) run through ``g2rpo train``
+(the same Ray path; one after another, or ``parallel`` at once where a cluster has
+room), resume an interrupted comparison (finished runs are skipped, partial ones
+resumed), evaluate every trained model against the base on fixed noise, and write
+results.json, table.md, curves and side-by-side grids."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ..common.config import dump_config, load_config
+from ..learner.run_files import finished, read_metrics
+from ..rollout_worker.worker import resolve_path
+from .compare_spec import CompareSpec, PlannedRun, plan_runs
+from .eval_outputs import eval_summary, write_eval_outputs
+from .evaluate import EvalSettings, SplitSamples, evaluate_policy
+from .metrics import make_scorers
+from .policy import PolicySource, load_policy, resolve_policy
+
+
+class SpecChanged(ValueError):
+    """A run on disk was made from different settings than the spec now gives."""
+
+
+def _config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _config_diff(va, vb, f"{prefix}{key}.")
+        elif va != vb:
+            out.append(f"{prefix}{key}: {va!r} on disk, {vb!r} in the spec")
+    return out
+
+
+def check_unchanged(run: PlannedRun) -> None:
+    on_disk = run.run_dir / "config.yaml"
+    if not on_disk.is_file():
+        return
+    old = load_config(on_disk).model_dump(mode="json")
+    diff = _config_diff(old, run.config.model_dump(mode="json"))
+    if diff:
+        raise SpecChanged(
+            f"run {run.name} ({run.run_dir}) was trained with other settings: "
+            + "; ".join(diff[:5])
+            + " — delete that run directory or give the comparison another name"
+        )
+
+
+def _train_command(run: PlannedRun, config_path: Path) -> list[str]:
+    from ..reward_server.process import g2rpo_executable
+
+    exe = [g2rpo_executable(), "train", "--no-progress"]
+    if (run.run_dir / "metrics.jsonl").exists():
+        return [*exe, "--resume", str(run.run_dir)]
+    return [*exe, "--config", str(config_path)]
+
+
+def _progress_of(run: PlannedRun) -> str:
+    try:
+        rows = read_metrics(run.run_dir)
+    except (OSError, ValueError):
+        return ""
+    if not rows:
+        return ""
+    last, budget = rows[-1], run.config.run.nfe_budget
+    share = f"{last['nfe_train_total'] / budget:.0%} NFE" if budget else ""
+    return f"{run.name} it {last['iteration'] + 1} {share}".strip()
+
+
+def train_runs(spec: CompareSpec, runs: list[PlannedRun], progress: bool = True) -> None:
+    """Train the runs not finished yet; each logs to <run>/train.log."""
+    todo = [r for r in runs if finished(r.run_dir) is None]
+    configs = spec.root / "configs"
+    configs.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(
+        total=len(runs), initial=len(runs) - len(todo), desc="compare runs", disable=not progress
+    )
+    running: list[tuple[PlannedRun, subprocess.Popen]] = []
+    failed: list[str] = []
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    queue = list(todo)
+    try:
+        while queue or running:
+            while queue and len(running) < spec.parallel:
+                run = queue.pop(0)
+                path = configs / f"{run.name}.yaml"
+                path.write_text(dump_config(run.config))
+                run.run_dir.mkdir(parents=True, exist_ok=True)
+                log = (run.run_dir / "train.log").open("a")
+                proc = subprocess.Popen(
+                    _train_command(run, path), stdout=log, stderr=subprocess.STDOUT, env=env
+                )
+                running.append((run, proc))
+            time.sleep(2.0)
+            for run, proc in list(running):
+                if proc.poll() is None:
+                    continue
+                running.remove((run, proc))
+                bar.update(1)
+                if proc.returncode != 0 or finished(run.run_dir) is None:
+                    failed.append(
+                        f"{run.name} (exit {proc.returncode}, see {run.run_dir}/train.log)"
+                    )
+            bar.set_postfix_str(", ".join(_progress_of(r) for r, _ in running))
+    except KeyboardInterrupt:
+        for _, proc in running:
+            proc.send_signal(2)  # SIGINT: each run checkpoints and can be resumed
+        for _, proc in running:
+            proc.wait(timeout=120)
+        raise
+    finally:
+        bar.close()
+    if failed:
+        raise RuntimeError("runs failed: " + "; ".join(failed))
+
+
+def eval_settings(spec: CompareSpec, runs: list[PlannedRun]) -> EvalSettings:
+    e = spec.eval
+    return EvalSettings.for_run(
+        runs[0].config,
+        splits=e.splits,
+        prompts_per_split=e.prompts_per_split,
+        samples_per_prompt=e.samples_per_prompt,
+        seed=e.seed,
+    )
+
+
+def _eval_dir(run: PlannedRun, view: str) -> Path:
+    return run.run_dir / "eval" / view
+
+
+def evaluate_runs(
+    spec: CompareSpec, runs: list[PlannedRun], progress: bool = True
+) -> dict[str, dict]:
+    """Evaluate the base once and every run's model at each view (``budget``: the
+    final weights; ``at_iterations``: the checkpoint after that iteration), paired
+    against the base on the same noise. Cached in each run's eval/<view>/."""
+    settings = eval_settings(spec, runs)
+    views = ["budget"]
+    if spec.budget.also_at_iterations:
+        views.append("at_iterations")
+    todo = [
+        (run, view)
+        for run in runs
+        for view in views
+        if not _cached(_eval_dir(run, view), settings) and _source(run, view, spec) is not None
+    ]
+    base_dir = spec.root / "base"
+    scorers = base_summary = None
+    base: dict[str, SplitSamples] | None = None
+    if todo or not _cached(base_dir, settings):
+        scorers = make_scorers(settings.scorers, settings.device)
+        base_source = resolve_policy(resolve_path(runs[0].config.model.pretrained))
+        base = evaluate_policy(load_policy(base_source), settings, scorers)
+        base_summary = eval_summary(base, None, settings, {"model": base_source.as_dict()})
+        write_eval_outputs(base_dir, base_summary, base, None, None, "base")
+        _save_tiles(base_dir, base)
+    for run, view in tqdm(todo, desc="compare eval", disable=not progress):
+        source = _source(run, view, spec)
+        model = evaluate_policy(load_policy(source), settings, scorers)
+        summary = eval_summary(model, base, settings, {"model": source.as_dict()})
+        summary["base_metrics"] = {k: v["metrics"] for k, v in base_summary["splits"].items()}
+        out = _eval_dir(run, view)
+        write_eval_outputs(out, summary, model, base, base_summary, spec.label(run.method))
+        _save_tiles(out, model)
+    return {
+        "base": json.loads((base_dir / "eval.json").read_text()),
+        "runs": {
+            f"{run.name}/{view}": json.loads((_eval_dir(run, view) / "eval.json").read_text())
+            for run in runs
+            for view in views
+            if (_eval_dir(run, view) / "eval.json").is_file()
+        },
+    }
+
+
+def _source(run: PlannedRun, view: str, spec: CompareSpec) -> PolicySource | None:
+    if view == "budget":
+        return resolve_policy(run.run_dir, checkpoint="final")
+    it = spec.budget.also_at_iterations
+    done = (finished(run.run_dir) or {}).get("iterations", 0)
+    if done == it:
+        return resolve_policy(run.run_dir, checkpoint="final")
+    if done < it:
+        return None  # the run stopped before that iteration (its budget ran out)
+    return resolve_policy(run.run_dir, checkpoint=str(it))
+
+
+def _cached(out: Path, settings: EvalSettings) -> bool:
+    path = out / "eval.json"
+    if not path.is_file():
+        return False
+    return json.loads(path.read_text()).get("settings") == settings.model_dump(mode="json")
+
+
+def _save_tiles(out: Path, samples: dict[str, SplitSamples]) -> None:
+    """The held-out samples the side-by-side grids show (8 prompts × 3 samples)."""
+    import numpy as np
+
+    from .grids import spread_rows
+
+    held = samples.get("held_out") or next(iter(samples.values()))
+    rows = spread_rows(len(held.prompts), 8)
+    np.savez_compressed(
+        out / "tiles.npz",
+        tiles=held.tiles(rows, min(3, held.per_prompt)),
+        prompts=np.array([held.prompts[r] for r in rows]),
+    )
+
+
+def compare(spec: CompareSpec, *, progress: bool = True, train: bool = True) -> Path:
+    """The whole comparison; returns the directory holding results.json."""
+    from .compare_results import write_results
+
+    runs = plan_runs(spec)
+    bases = {run.config.model.pretrained for run in runs}
+    if len(bases) > 1:
+        raise ValueError(f"every method must start from the same model.pretrained, got {bases}")
+    for run in runs:
+        check_unchanged(run)
+    spec.root.mkdir(parents=True, exist_ok=True)
+    (spec.root / "spec.json").write_text(json.dumps(spec.model_dump(mode="json"), indent=1))
+    if train:
+        train_runs(spec, runs, progress)
+    missing = [r.name for r in runs if finished(r.run_dir) is None]
+    if missing:
+        print(f"not finished yet, left out: {', '.join(missing)}", file=sys.stderr)
+    done = [r for r in runs if finished(r.run_dir) is not None]
+    if not done:
+        raise RuntimeError("no finished runs to evaluate")
+    evaluations = evaluate_runs(spec, done, progress)
+    write_results(spec, done, evaluations)
+    return spec.root

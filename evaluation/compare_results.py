@@ -1,0 +1,205 @@
+"""A comparison's results: per run and per method (mean over seeds with a 95%
+Student-t CI), the paired difference of each method against the base and against
+the reference method, as results.json and table.md."""
+
+from __future__ import annotations
+
+import json
+
+from ..common.stats import across_seeds
+from ..learner.run_files import finished, read_metrics
+from .compare_spec import CompareSpec, PlannedRun
+
+VIEWS = {"budget": "at the budget", "at_iterations": "at equal iterations"}
+
+
+def headline_metrics(spec_runs: list[PlannedRun], evaluations: dict) -> list[str]:
+    """The training reward first, then the checker's strict pass rate (if scored)."""
+    metrics = next(iter(evaluations["runs"].values()))["splits"]["held_out"]["metrics"]
+    main = spec_runs[0].config.rewards[0].name
+    out = [m for m in (main, "shapes_oracle/pass") if m in metrics]
+    return out or sorted(metrics)[:2]
+
+
+def _run_entry(run: PlannedRun, evaluations: dict) -> dict:
+    rows = read_metrics(run.run_dir)
+    views = {
+        key.split("/", 1)[1]: value["splits"]
+        for key, value in evaluations["runs"].items()
+        if key.split("/", 1)[0] == run.name
+    }
+    return {
+        "method": run.method,
+        "seed": run.seed,
+        "name": run.name,
+        "run_dir": str(run.run_dir),
+        "finished": finished(run.run_dir),
+        "iterations": len(rows),
+        "nfe_train_total": rows[-1]["nfe_train_total"] if rows else 0,
+        "wall_s": float(sum(r["time/iteration_s"] for r in rows)),
+        "views": views,
+    }
+
+
+def _iv(values: list[float]) -> dict | None:
+    return across_seeds(values).as_dict() if values else None
+
+
+def _aggregate(entries: list[dict], view: str, split: str, metric: str) -> dict:
+    have = [e for e in entries if view in e["views"] and split in e["views"][view]]
+    levels = [e["views"][view][split]["metrics"][metric]["mean"] for e in have]
+    deltas = [e["views"][view][split]["vs_base"][metric]["mean"] for e in have]
+    return {"runs": len(have), "mean": _iv(levels), "vs_base": _iv(deltas)}
+
+
+def build_results(spec: CompareSpec, runs: list[PlannedRun], evaluations: dict) -> dict:
+    entries = [_run_entry(r, evaluations) for r in runs]
+    headline = headline_metrics(runs, evaluations)
+    views = sorted({v for e in entries for v in e["views"]}, key=list(VIEWS).index)
+    splits = list(evaluations["base"]["splits"])
+    all_metrics = list(evaluations["base"]["splits"][splits[0]]["metrics"])
+    methods = {}
+    for method in spec.methods:
+        mine = [e for e in entries if e["method"] == method]
+        methods[method] = {
+            "label": spec.label(method),
+            "seeds": [e["seed"] for e in mine],
+            "iterations": _iv([e["iterations"] for e in mine]),
+            "nfe_train_total": _iv([e["nfe_train_total"] for e in mine]),
+            "wall_s": _iv([e["wall_s"] for e in mine]),
+            "views": {
+                view: {
+                    split: {m: _aggregate(mine, view, split, m) for m in all_metrics}
+                    for split in splits
+                }
+                for view in views
+            },
+        }
+    return {
+        "spec": spec.model_dump(mode="json"),
+        "headline_metrics": headline,
+        "views": views,
+        "base": {s: v["metrics"] for s, v in evaluations["base"]["splits"].items()},
+        "methods": methods,
+        "vs_reference": _versus_reference(spec, entries, views, splits, all_metrics),
+        "runs": entries,
+    }
+
+
+def _versus_reference(spec, entries, views, splits, metrics) -> dict:
+    """reference − method, per seed (same seed, same eval noise), t-CI over seeds."""
+    ref = spec.reference_method()
+    out: dict = {}
+    by = {(e["method"], e["seed"]): e for e in entries}
+    for method in spec.methods:
+        if method == ref:
+            continue
+        out[method] = {}
+        for view in views:
+            out[method][view] = {}
+            for split in splits:
+                out[method][view][split] = {}
+                for m in metrics:
+                    diffs = []
+                    for seed in spec.seeds:
+                        a, b = by.get((ref, seed)), by.get((method, seed))
+                        if a and b and view in a["views"] and view in b["views"]:
+                            diffs.append(
+                                a["views"][view][split]["metrics"][m]["mean"]
+                                - b["views"][view][split]["metrics"][m]["mean"]
+                            )
+                    out[method][view][split][m] = _iv(diffs)
+    return out
+
+
+def _cell(iv: dict | None, signed: bool = False, digits: int = 4) -> str:
+    if not iv:
+        return "—"
+    f = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
+    if iv["n"] < 2:
+        return f.format(iv["mean"])
+    return f"{f.format(iv['mean'])} [{f.format(iv['lo'])}, {f.format(iv['hi'])}]"
+
+
+def results_table(results: dict) -> str:
+    """Markdown: per view, one row per method; then reference − method; then runs."""
+    head = results["headline_metrics"]
+    splits = list(results["base"])
+    out = []
+    base_cells = " | ".join(
+        f"{s} {m}: {results['base'][s][m]['mean']:.4f}" for s in splits for m in head
+    )
+    out.append(f"Base model (same prompts and noise): {base_cells}\n")
+    for view in results["views"]:
+        out.append(f"### {VIEWS[view]}\n")
+        cols = [f"{s} {m}" for s in splits for m in head]
+        out.append(
+            "| method | seeds | iterations | training NFEs | "
+            + " | ".join(f"{c} | Δ vs base" for c in cols)
+            + " |"
+        )
+        out.append("|---" * (4 + 2 * len(cols)) + "|")
+        for r in results["methods"].values():
+            if view not in r["views"]:
+                continue
+            cells = []
+            for s in splits:
+                for m in head:
+                    agg = r["views"][view][s][m]
+                    cells += [_cell(agg["mean"]), _cell(agg["vs_base"], signed=True)]
+            its = (
+                r["iterations"]["mean"]
+                if view == "budget"
+                else results["spec"]["budget"].get("also_at_iterations")
+            )
+            nfe = r["nfe_train_total"]["mean"] if view == "budget" else None
+            out.append(
+                f"| {r['label']} | {len(r['seeds'])} | {its:.0f} | "
+                + (f"{nfe:,.0f}" if nfe else "—")
+                + " | "
+                + " | ".join(cells)
+                + " |"
+            )
+        out.append("")
+    ref = results["spec"].get("reference") or next(iter(results["methods"]))
+    if results["vs_reference"]:
+        label = results["methods"][ref]["label"]
+        out.append(f"### {label} − method (same seed, same eval noise; 95% t-CI over seeds)\n")
+        cols = [f"{s} {m}" for s in splits for m in head]
+        out.append("| method | view | " + " | ".join(cols) + " |")
+        out.append("|---" * (2 + len(cols)) + "|")
+        for method, views in results["vs_reference"].items():
+            for view, per_split in views.items():
+                cells = [_cell(per_split[s][m], signed=True) for s in splits for m in head]
+                out.append(
+                    f"| {results['methods'][method]['label']} | {VIEWS[view]} | "
+                    + " | ".join(cells)
+                    + " |"
+                )
+        out.append("")
+    out.append("### Runs (Δ vs base: paired over prompts, 95% bootstrap CI)\n")
+    cols = [f"{s} {m}" for s in splits for m in head]
+    out.append("| run | iterations | training NFEs | wall s | " + " | ".join(cols) + " |")
+    out.append("|---" * (4 + len(cols)) + "|")
+    for e in results["runs"]:
+        v = e["views"].get("budget", {})
+        cells = [
+            _cell(v.get(s, {}).get("vs_base", {}).get(m), signed=True) for s in splits for m in head
+        ]
+        out.append(
+            f"| {e['name']} | {e['iterations']} | {e['nfe_train_total']:,} | "
+            f"{e['wall_s']:.0f} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def write_results(spec: CompareSpec, runs: list[PlannedRun], evaluations: dict) -> dict:
+    from .compare_plots import draw_curves, draw_side_by_side
+
+    results = build_results(spec, runs, evaluations)
+    root = spec.root
+    (root / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (root / "table.md").write_text(results_table(results))
+    draw_curves(spec, runs, results["headline_metrics"], root)
+    draw_side_by_side(spec, runs, root)
+    return results

@@ -1,0 +1,144 @@
+"""``g2rpo compare`` end to end on the quick world: a 2-run, 2-iteration comparison
+through real ``g2rpo train`` processes (local Ray, a real reward server), evaluated
+on fixed noise; resumed without retraining; refused when the spec changes a run;
+and its HTML report (and a run's) rendered in headless Chromium."""
+
+import json
+
+import pytest
+from g2rpo.common.config import ConfigError, dump_config, load_config
+from g2rpo.evaluation.compare import SpecChanged, compare
+from g2rpo.evaluation.compare_spec import load_spec, plan_runs
+from g2rpo.evaluation.report import write_report
+from g2rpo.rollout_worker.plan import algorithm_nfe, g2rpo_plan
+from small_run import SMALL_RUN
+
+
+def _spec_file(tmp_path, world, **changes):
+    base = load_config(
+        None,
+        [
+            *SMALL_RUN,
+            f"model.pretrained={world / 'pipeline'}",
+            f"train.reward.scorers=[shapes_clip={world / 'shapes_clip'}, shapes_oracle]",
+            "train.eval_samples=4",
+            "train.eval_per_prompt=2",
+            "train.checkpoint_every=5",
+        ],
+    )
+    (tmp_path / "base.yaml").write_text(dump_config(base))
+    dance_lr = changes.get("dance_lr", "1.0e-4")
+    spec = f"""
+name: two
+output_dir: {tmp_path / "out"}
+base_config: {tmp_path / "base.yaml"}
+seeds: [0]
+methods:
+  g2rpo: {{label: G2RPO}}
+  dancegrpo:
+    set: [algorithm.name=dancegrpo, sampling.eta=0.3, optim.step_mode=per_samples,
+          optim.lr={dance_lr}]
+budget: {{iterations: 2, also_at_iterations: 1}}
+eval: {{splits: [held_out], prompts_per_split: 4, samples_per_prompt: 2}}
+"""
+    path = tmp_path / "spec.yaml"
+    path.write_text(spec)
+    return path
+
+
+@pytest.fixture(scope="module")
+def compared(quick_world, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("compare")
+    spec = load_spec(_spec_file(tmp, quick_world))
+    root = compare(spec, progress=False)
+    return tmp, spec, root
+
+
+def test_compare_trains_evaluates_and_writes_its_files(compared):
+    root = compared[2]
+    results = json.loads((root / "results.json").read_text())
+    assert list(results["methods"]) == ["g2rpo", "dancegrpo"]
+    assert results["views"] == ["budget", "at_iterations"]
+    assert results["headline_metrics"] == ["shapes_clip", "shapes_oracle/pass"]
+    for run in results["runs"]:
+        assert run["finished"]["reason"] == "iterations" and run["iterations"] == 2
+        assert run["nfe_train_total"] > 0
+        for view in ("budget", "at_iterations"):
+            held = run["views"][view]["held_out"]
+            assert set(held["vs_base"]) >= {"shapes_clip", "shapes_oracle/pass"}
+    # training NFEs: per worker and iteration, G²RPO's rollout tree plus one learner
+    # forward per (prompt, SDE step); DanceGRPO spends fewer
+    per_worker = algorithm_nfe(g2rpo_plan(2, 6, 4, [0, 1], [1, 2])) + 2 * 2
+    g2, dance = (results["methods"][m]["nfe_train_total"]["mean"] for m in ("g2rpo", "dancegrpo"))
+    assert g2 == 2 * 2 * per_worker and dance < g2
+    # the equal-iterations view evaluated the checkpoint after iteration 1
+    ev = json.loads(
+        (root / "runs" / "g2rpo-s0" / "eval" / "at_iterations" / "eval.json").read_text()
+    )
+    assert ev["model"]["weights"].endswith("it_00001.pt")
+    table = (root / "table.md").read_text()
+    assert "### at the budget" in table and "### at equal iterations" in table
+    assert "| G2RPO | 1 | 2 |" in table
+    for name in ("reward_vs_nfe.png", "reward_vs_wall.png", "grid.png", "base/eval.json"):
+        assert (root / name).stat().st_size > 1_000, name
+    # the runs' training-time evaluations end with the final weights' own
+    evals = sorted((root / "runs" / "g2rpo-s0" / "evals").glob("*.json"))
+    assert evals[-1].name == "it_00002.json"
+
+
+def test_compare_again_resumes_without_retraining_and_refuses_a_changed_spec(compared, quick_world):
+    tmp, spec, root = compared
+    log = root / "runs" / "dancegrpo-s0" / "train.log"
+    size = log.stat().st_size
+    compare(spec, progress=False)
+    assert log.stat().st_size == size  # finished runs are skipped
+    changed = load_spec(_spec_file(tmp, quick_world, dance_lr="3.0e-4"))
+    with pytest.raises(SpecChanged, match=r"dancegrpo-s0.*optim\.lr"):
+        compare(changed, progress=False)
+
+
+def test_spec_errors_name_the_field(tmp_path, quick_world):
+    path = _spec_file(tmp_path, quick_world)
+    with pytest.raises(ConfigError, match="exactly one of nfe and iterations"):
+        load_spec(path, ["budget.nfe=100"])
+    with pytest.raises(ConfigError, match=r"methods\.dancegrpo"):
+        plan_runs(load_spec(path, ["methods.dancegrpo.set=[optim.lr=-1]"]))
+    with pytest.raises(ConfigError, match="reference"):
+        load_spec(path, ["reference=nope"])
+
+
+def test_reports_render_in_headless_chromium(compared, tmp_path):
+    from g2rpo.evaluation.browser import check_page
+
+    _, _, root = compared
+    page = write_report(root)
+    shot = tmp_path / "compare.png"
+    check = check_page(
+        page,
+        [
+            "#results-budget tr",
+            "#results-at_iterations tr",
+            "#curves img",
+            "#samples img",
+            "#vs-reference tr",
+            "#runs tr",
+        ],
+        shot,
+    )
+    assert check.console_errors == [] and check.broken_images == 0
+    assert check.title == "g2rpo — comparison two"
+    assert check.found["#results-budget tr"] == 4  # header, two methods, base
+    assert check.found["#curves img"] == 2 and check.found["#samples img"] == 1
+    assert check.found["#runs tr"] == 3
+    assert shot.stat().st_size > 50_000
+    run_page = write_report(root / "runs" / "g2rpo-s0")
+    check = check_page(
+        run_page,
+        ["#summary", "#headline tr", "#curves img", "#samples img", ".final-eval"],
+        tmp_path / "run.png",
+    )
+    assert check.console_errors == [] and check.broken_images == 0
+    assert check.found["#curves img"] == 6  # rewards, eval, advantages, ratio, loss, time
+    assert check.found["#samples img"] >= 2 and check.found[".final-eval"] == 2
+    assert check.found["#headline tr"] >= 3
+    print(f"screenshots: {shot} and {tmp_path / 'run.png'}")
