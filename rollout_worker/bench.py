@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..common.flops import count_flops, peak_tflops, utilisation
 from ..common.flux import FluxVelocity, build_tiny_flux, count_parameters, tiny_flux_config
 from ..common.schedules import expected_g2rpo_nfe, sampling_grid
 from .engine import RolloutEngine, RolloutResult, draw_noise
@@ -28,6 +29,35 @@ def _timed(engine, plan, cond, init, sde, mode, device) -> tuple[RolloutResult, 
     return result, time.perf_counter() - start
 
 
+def raw_forward(model, cond, tokens, channels, nfe, calls, dev, gen, repeats: int = 3) -> dict:
+    """The ceiling: the bare transformer forward at the engine's mean batch (its NFEs
+    per model call), as many calls as the engine made; FLOPs per NFE counted on it."""
+    batch = max(1, round(nfe / calls))
+    x = torch.randn(batch, tokens, channels, generator=gen).to(dev)
+    t = torch.full((batch,), 0.5, device=dev)
+    c = {k: v[:1].expand(batch, *v.shape[1:]) for k, v in cond.items()}
+    with torch.no_grad():
+        flops = count_flops(lambda: model(x, t, c)) / batch
+        model(x, t, c)  # warm-up at this shape
+        best = float("inf")
+        for _ in range(repeats):
+            _sync(dev)
+            start = time.perf_counter()
+            for _ in range(calls):
+                model(x, t, c)
+            _sync(dev)
+            best = min(best, time.perf_counter() - start)
+    nfe_per_s = batch * calls / best
+    return {
+        "flops_per_nfe": int(flops),
+        "batch": batch,
+        "calls": calls,
+        "wall_s": round(best, 4),
+        "nfe_per_s": round(nfe_per_s, 2),
+        **utilisation(flops * batch * calls, best, peak_tflops(dev)),
+    }
+
+
 def bench_engine(
     *,
     quick: bool = True,
@@ -45,6 +75,7 @@ def bench_engine(
     repeats: int | None = None,
     seed: int = 0,
     progress: bool = False,
+    attention_backend: str = "auto",
 ) -> dict[str, Any]:
     """Run both execution modes and return the comparison as a JSON-able dict."""
     dev = torch.device(device)
@@ -63,7 +94,7 @@ def bench_engine(
     repeats = repeats or (1 if quick else 3)
 
     transformer = build_tiny_flux(size, seed=seed, dtype=torch_dtype).to(dev)
-    model = FluxVelocity(transformer, latent_size, latent_size)
+    model = FluxVelocity(transformer, latent_size, latent_size, attention_backend=attention_backend)
     cfg = tiny_flux_config(size)
     tokens = (latent_size // 2) ** 2
     gen = torch.Generator().manual_seed(seed)
@@ -98,6 +129,11 @@ def bench_engine(
         batched_times.append(tb)
         reference_times.append(tr)
     wall_b, wall_r = min(batched_times), min(reference_times)
+    ceiling = raw_forward(
+        model, cond, tokens, cfg["in_channels"], batched.nfe, batched.model_calls, dev, gen
+    )
+    peak = peak_tflops(dev)
+    engine_flops = ceiling["flops_per_nfe"] * batched.nfe
 
     latent_diff = (batched.leaf_latents - reference.leaf_latents).abs().max().item()
     lp_diff = (
@@ -126,6 +162,14 @@ def bench_engine(
         "wall_batched_s": round(wall_b, 4),
         "wall_reference_s": round(wall_r, 4),
         "speedup": round(wall_r / wall_b, 3),
+        "flops_per_nfe": ceiling["flops_per_nfe"],
+        "engine": {
+            "nfe_per_s": round(batched.nfe / wall_b, 2),
+            **utilisation(engine_flops, wall_b, peak),
+        },
+        "raw_forward": {k: v for k, v in ceiling.items() if k != "flops_per_nfe"},
+        "engine_vs_raw_forward": round(batched.nfe / wall_b / ceiling["nfe_per_s"], 4),
+        "bf16_peak_tflops": peak,
         "settings": {
             "algorithm": "g2rpo",
             "num_steps": num_steps,
@@ -154,6 +198,7 @@ def bench_engine(
                 "token_channels": cfg["in_channels"],
                 "text_tokens": 8,
                 "dtype": dtype,
+                "attention_backend": attention_backend,
             },
         },
     }

@@ -1,0 +1,49 @@
+"""FLOP counting (torch.utils.flop_counter) and the bf16 peaks MFU is measured
+against."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+# Dense bf16 tensor-core peaks, TFLOP/s (vendor datasheets; sparsity excluded).
+BF16_PEAK_TFLOPS = {
+    "H200": 989.4,
+    "H100 SXM": 989.4,
+    "H100 80GB HBM3": 989.4,
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "H100": 989.4,
+    "A100": 312.0,
+    "L40S": 362.1,
+    "L4": 121.0,
+    "A10": 125.0,
+}
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs of one call of ``fn`` (forward and, if it runs one, backward)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def peak_tflops(device: torch.device | str) -> float | None:
+    """The device's dense bf16 peak, or None when unknown (CPUs, unlisted GPUs)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(dev)
+    for key, peak in BF16_PEAK_TFLOPS.items():  # most specific names first
+        if key in name:
+            return peak
+    return None
+
+
+def utilisation(flops: float, seconds: float, peak: float | None) -> dict:
+    """Achieved TFLOP/s and, when the peak is known, MFU (fraction of it)."""
+    tflops = flops / seconds / 1e12 if seconds > 0 else 0.0
+    return {"tflops": round(tflops, 4), "mfu": round(tflops / peak, 4) if peak else None}
