@@ -51,6 +51,17 @@ def test_bench_engine_json():
     m = result["settings"]["model"]
     assert m["image_tokens"] == 4 and m["parameters"] > 0
     assert result["settings"]["granularities"] == [1, 2, 3]
+    # FLOPs per NFE are positive; TFLOP/s and the raw-forward ratio follow from the
+    # measured times (one run); no peak is known for a CPU, so no MFU
+    flops, eng, raw = result["flops_per_nfe"], result["engine"], result["raw_forward"]
+    assert flops > 0 and eng["mfu"] is None and result["bf16_peak_tflops"] is None
+    assert eng["tflops"] == pytest.approx(
+        flops * result["nfe_batched"] / result["wall_batched_s"] / 1e12, rel=0.02, abs=1e-4
+    )
+    assert raw["batch"] == round(result["nfe_batched"] / result["model_calls_batched"])
+    assert result["engine_vs_raw_forward"] == pytest.approx(
+        eng["nfe_per_s"] / raw["nfe_per_s"], rel=0.01
+    )
 
 
 def test_bench_engine_human_output():
@@ -96,3 +107,60 @@ def test_config_show_resolves_overrides():
     out = run("config", "show", "--set", "sampling.granularities=[1,2,3]")
     assert out.returncode == 0, out.stderr
     assert "- 3" in out.stdout and "granularities" in out.stdout
+
+
+def test_bench_learner_json():
+    out = run(
+        "bench",
+        "learner",
+        "--json",
+        "--size",
+        "test",
+        "--latent-size",
+        "4",
+        "--prompts",
+        "1",
+        "--group-size",
+        "2",
+        "--repeats",
+        "1",
+        "--lora-rank",
+        "2",
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    full, lora = result["full"], result["lora"]
+    assert result["settings"]["transitions"] == 1 * 4 * 2  # prompts · SDE steps · G
+    assert full["forward_samples"] == lora["forward_samples"] == 4  # one per (prompt, k)
+    assert full["optimizer_steps"] == 4  # per SDE step
+    assert lora["trainable_parameters"] < full["trainable_parameters"]
+    # frozen base weights need no weight gradients: fewer FLOPs per update
+    assert 0 < lora["flops_per_update"] < full["flops_per_update"]
+    assert full["tflops"] > 0 and full["mfu"] is None
+
+
+def test_bench_weights_json():
+    out = run(
+        "bench",
+        "weights",
+        "--json",
+        "--sizes",
+        "test",
+        "--workers",
+        "1",
+        "--repeats",
+        "1",
+        "--lora-rank",
+        "2",
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    full, lora = result["test/full"], result["test/lora"]
+    assert full["bytes"] == 4 * full["parameters"]  # fp32 weights, every one published
+    assert 0 < lora["bytes"] < full["bytes"] / 5  # adapters only
+    for r in (full, lora):
+        assert r["publish_and_load_s"] > 0 and r["put_get_one_worker_s"] > 0
+        assert r["path_vs_floor"] == pytest.approx(
+            r["publish_and_load_s"] / r["put_get_one_worker_s"], rel=0.01
+        )

@@ -230,3 +230,36 @@ def test_redis_discovery_status_and_prometheus_export(ray_local, quick_world, tm
     finally:
         server.stop()
         redis.stop()
+
+
+def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
+    ray_local, quick_world, tmp_path
+):
+    import json
+
+    from g2rpo.rollout_worker.plan import algorithm_nfe, g2rpo_plan
+
+    # per iteration: each of the 2 workers' rollout tree + one learner forward per
+    # (prompt, SDE step)
+    per_iteration = 2 * (algorithm_nfe(g2rpo_plan(2, 6, 4, [0, 1], [1, 2])) + 2 * 2)
+    budget = int(2.5 * per_iteration)  # two iterations fit, a third would pass it
+    run = _run(
+        quick_world, tmp_path, "budget", 50, ["train.eval_every=10", f"run.nfe_budget={budget}"]
+    )
+    rows = read_metrics(run)
+    assert [r["nfe_train_total"] for r in rows] == [per_iteration, 2 * per_iteration]
+    assert all(r["nfe_train"] == per_iteration for r in rows)
+    done = json.loads((run / "finished.json").read_text())
+    assert done == {"reason": "nfe_budget", "iterations": 2, "nfe_train_total": 2 * per_iteration}
+    assert (run / "final" / "transformer").is_dir()
+    # evaluated at iteration 0, at the last iteration (1) and after the last update (2)
+    assert sorted(p.stem for p in (run / "evals").glob("*.json")) == [
+        "it_00000",
+        "it_00001",
+        "it_00002",
+    ]
+    final_eval = json.loads((run / "evals" / "it_00002.json").read_text())
+    assert final_eval["nfe_train_total"] == 2 * per_iteration and final_eval["version"] == 2
+    assert "eval/shapes_clip/delta_lo" in rows[1]
+    train(None, [], resume=run, progress=False)  # nothing left to do
+    assert len(read_metrics(run)) == 2 and (run / "finished.json").is_file()
