@@ -217,3 +217,17 @@ def build_tiny_flux(size: str = "bench", seed: int = 0, dtype: torch.dtype = tor
 
 def count_parameters(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
+
+
+def random_text_cond(
+    config: dict[str, Any], num_prompts: int, generator: torch.Generator, text_tokens: int = 8
+) -> dict[str, torch.Tensor]:
+    """Stand-in prompt embeddings for a transformer of ``config`` (benchmarks)."""
+    return {
+        "encoder_hidden_states": torch.randn(
+            num_prompts, text_tokens, config["joint_attention_dim"], generator=generator
+        ),
+        "pooled_projections": torch.randn(
+            num_prompts, config["pooled_projection_dim"], generator=generator
+        ),
+    }

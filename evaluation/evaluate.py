@@ -5,7 +5,6 @@ for every model compared), score every sample in this process, and summarise wit
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -14,8 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
 from ..common.flux_pipeline import FluxComponents
+from ..common.prompts import read_prompts
 from ..common.schedules import sampling_grid
-from ..common.shapes import split_combinations
 from ..rollout_worker.engine import RolloutEngine
 from ..rollout_worker.plan import anchor_plan
 from .metrics import make_scorers, score_samples
@@ -65,19 +64,13 @@ class EvalSettings(BaseModel):
 
 def split_prompts(split: str, count: int) -> list[str]:
     """The first ``count`` prompts of a split; ``train`` is a fixed spread sample."""
-    train, held = split_combinations()
     if split == "held_out":
-        return [s.prompt for s in held][:count]
+        return read_prompts("shapes:held_out", "splits")[:count]
     if split == "train":
+        train = read_prompts("shapes:train", "splits")
         pick = np.random.default_rng(0).choice(len(train), min(count, len(train)), replace=False)
-        return [train[i].prompt for i in sorted(pick)]
-    path = Path(split)
-    if not path.is_file():
-        raise ValueError(f"splits: {split!r} is neither held_out, train nor a prompts file")
-    lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    if not lines:
-        raise ValueError(f"splits: {split} holds no prompts")
-    return lines[:count]
+        return [train[i] for i in sorted(pick)]
+    return read_prompts(split, "splits")[:count]
 
 
 def split_seed(split: str, seed: int) -> int:

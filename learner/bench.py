@@ -13,7 +13,13 @@ import torch
 
 from ..common.config import LoraOptions
 from ..common.flops import count_flops, peak_tflops, utilisation
-from ..common.flux import FluxVelocity, build_tiny_flux, count_parameters, tiny_flux_config
+from ..common.flux import (
+    FluxVelocity,
+    build_tiny_flux,
+    count_parameters,
+    random_text_cond,
+    tiny_flux_config,
+)
 from ..common.lora import add_lora
 from ..common.schedules import sampling_grid
 from ..rollout_worker.engine import RolloutEngine, draw_noise
@@ -29,14 +35,7 @@ def _sync(dev: torch.device) -> None:
 def _rollout(model, cfg, dev, *, num_prompts, num_steps, group_size, sde_steps, latent, gen):
     """A real G²RPO rollout of the random model: the learner's input."""
     tokens = (latent // 2) ** 2
-    cond = {
-        "encoder_hidden_states": torch.randn(
-            num_prompts, 8, cfg["joint_attention_dim"], generator=gen
-        ).to(dev),
-        "pooled_projections": torch.randn(
-            num_prompts, cfg["pooled_projection_dim"], generator=gen
-        ).to(dev),
-    }
+    cond = {k: v.to(dev) for k, v in random_text_cond(cfg, num_prompts, gen).items()}
     plan = g2rpo_plan(num_prompts, num_steps, group_size, sde_steps, [1])
     init, sde = draw_noise(plan, (tokens, cfg["in_channels"]), gen)
     grid = sampling_grid(num_steps, 3.0)

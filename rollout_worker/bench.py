@@ -10,7 +10,13 @@ from typing import Any
 import torch
 
 from ..common.flops import count_flops, peak_tflops, utilisation
-from ..common.flux import FluxVelocity, build_tiny_flux, count_parameters, tiny_flux_config
+from ..common.flux import (
+    FluxVelocity,
+    build_tiny_flux,
+    count_parameters,
+    random_text_cond,
+    tiny_flux_config,
+)
 from ..common.schedules import expected_g2rpo_nfe, sampling_grid
 from .engine import RolloutEngine, RolloutResult, draw_noise
 from .plan import g2rpo_plan
@@ -98,14 +104,7 @@ def bench_engine(
     cfg = tiny_flux_config(size)
     tokens = (latent_size // 2) ** 2
     gen = torch.Generator().manual_seed(seed)
-    cond = {
-        "encoder_hidden_states": torch.randn(
-            num_prompts, 8, cfg["joint_attention_dim"], generator=gen
-        ).to(dev),
-        "pooled_projections": torch.randn(
-            num_prompts, cfg["pooled_projection_dim"], generator=gen
-        ).to(dev),
-    }
+    cond = {k: v.to(dev) for k, v in random_text_cond(cfg, num_prompts, gen).items()}
     plan = g2rpo_plan(
         num_prompts, num_steps, group_size, sde_steps, granularities, terminal=terminal
     )

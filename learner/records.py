@@ -1,0 +1,69 @@
+"""What an iteration records: its metrics.jsonl row (rewards per reward model and
+granularity, the learner's stats, NFE counts), an evaluation's entries (means and
+the paired change since the run's first evaluation) and the progress-bar fields."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..common.config import G2RPOConfig
+
+
+def eval_row(values: dict, first: dict | None, per_prompt: int) -> dict:
+    """Row entries of one evaluation: the mean of each metric and, against the run's
+    first evaluation (same prompts, same noise), the paired change with its 95% CI."""
+    from ..common.stats import paired_difference, per_prompt_means
+
+    row = {f"eval/{k}": float(np.mean(v)) for k, v in values.items()}
+    if first is None:
+        return row
+    n_prompts = len(first["prompts"])
+    for k, v in values.items():
+        if k in first["scores"] and len(first["scores"][k]) == len(v):
+            diff = paired_difference(
+                per_prompt_means(v, n_prompts), per_prompt_means(first["scores"][k], n_prompts)
+            )
+            row[f"eval/{k}/delta"] = diff.mean
+            row[f"eval/{k}/delta_lo"] = diff.lo
+            row[f"eval/{k}/delta_hi"] = diff.hi
+    return row
+
+
+def summarise_batches(batches, stats: dict) -> dict:
+    """Rewards per reward model (and granularity), the learner's stats, NFE counts."""
+    out: dict = {}
+    for name in batches[0].leaf_rewards:
+        train_vals, anchor_vals, per_g = [], [], {}
+        for b in batches:
+            r = b.leaf_rewards[name]
+            kind = "branch" if b.plan.algorithm == "g2rpo" else "sample"
+            grid = b.plan.gather(r, kind)
+            train_vals.append(grid.flatten())
+            anchor_vals.append(b.plan.gather(r, "anchor").flatten())
+            if kind == "branch":
+                for gi, g in enumerate(b.plan.granularities):
+                    per_g.setdefault(str(g), []).append(grid[:, :, gi].flatten())
+        out[f"reward/{name}"] = float(torch.cat(train_vals).mean())
+        out[f"anchor_reward/{name}"] = float(torch.cat(anchor_vals).mean())
+        for g, vals in per_g.items():
+            out[f"reward/{name}/g{g}"] = float(torch.cat(vals).mean())
+    out.update(stats)
+    out["nfe"] = sum(b.nfe for b in batches)
+    out["model_calls"] = sum(b.model_calls for b in batches)
+    out["nfe_rollout"] = sum(b.nfe_algorithm for b in batches)
+    out["nfe_train"] = out["nfe_rollout"] + stats["nfe_learn"]
+    out["weight_versions"] = sorted({b.version for b in batches})
+    return out
+
+
+def progress_fields(row: dict, cfg: G2RPOConfig) -> dict:
+    main = cfg.rewards[0].name
+    fields = {
+        "reward": f"{row[f'reward/{main}']:.3f}",
+        "loss": f"{row['loss']:.2e}",
+        "it_s": f"{row['time/iteration_s']:.1f}",
+    }
+    if cfg.run.nfe_budget:
+        fields["nfe"] = f"{row['nfe_train_total'] / cfg.run.nfe_budget:.0%}"
+    return fields
