@@ -61,6 +61,8 @@ def build_results(spec: CompareSpec, runs: list[PlannedRun], evaluations: dict) 
     methods = {}
     for method in spec.methods:
         mine = [e for e in entries if e["method"] == method]
+        if not mine:  # none of its runs finished yet
+            continue
         methods[method] = {
             "label": spec.label(method),
             "seeds": [e["seed"] for e in mine],
@@ -91,8 +93,10 @@ def _versus_reference(spec, entries, views, splits, metrics) -> dict:
     ref = spec.reference_method()
     out: dict = {}
     by = {(e["method"], e["seed"]): e for e in entries}
+    if not any(e["method"] == ref for e in entries):
+        return out
     for method in spec.methods:
-        if method == ref:
+        if method == ref or not any(e["method"] == method for e in entries):
             continue
         out[method] = {}
         for view in views:
