@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 SHAPES_SPLITS = ("shapes:train", "shapes:held_out")
 
 
@@ -21,3 +23,10 @@ def read_prompts(spec: str, field: str) -> list[str]:
     if not lines:
         raise ValueError(f"{field}: {spec} holds no prompts")
     return lines
+
+
+def prompts_for(all_prompts: list[str], seed: int, iteration: int, count: int) -> list[str]:
+    """The iteration's prompts: a seeded draw without replacement (stateless sampler)."""
+    rng = np.random.default_rng([seed, iteration, 7])
+    replace = count > len(all_prompts)
+    return [all_prompts[i] for i in rng.choice(len(all_prompts), count, replace=replace)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,3 +133,16 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
         actors.stop()
         raise
     return actors
+
+
+def call_with_restart(make_call, actor, attempts: int = 3):
+    """Run an actor call; if the actor died, wait for Ray to restart it and redo it
+    (``make_call`` must bring a fresh actor to the state the call needs)."""
+    for attempt in range(attempts):
+        try:
+            return ray.get(make_call(actor))
+        except ray.exceptions.RayActorError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1.0)
+    raise AssertionError("unreachable")

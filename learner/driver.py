@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import ray
 from tqdm.auto import tqdm
 
 from ..common.config import G2RPOConfig, dump_config, load_config
-from ..common.prompts import read_prompts
-from .cluster import RunActors, record_actors, start_actors
+from ..common.prompts import prompts_for, read_prompts
+from .budget import Budget
+from .cluster import RunActors, call_with_restart, record_actors, start_actors
 from .records import eval_row, progress_fields, summarise_batches
 from .run_files import (
     CKPT,
@@ -38,27 +38,7 @@ from .run_files import (
     write_sample_grid,
 )
 
-__all__ = ["prompts_for", "read_metrics", "train"]
-
-
-def prompts_for(all_prompts: list[str], seed: int, iteration: int, count: int) -> list[str]:
-    """The iteration's prompts: a seeded draw without replacement (stateless sampler)."""
-    rng = np.random.default_rng([seed, iteration, 7])
-    replace = count > len(all_prompts)
-    return [all_prompts[i] for i in rng.choice(len(all_prompts), count, replace=replace)]
-
-
-def _call_with_restart(make_call, actor, attempts: int = 3):
-    """Run an actor call; if the actor died, wait for Ray to restart it and redo it
-    (``make_call`` must bring a fresh actor to the state the call needs)."""
-    for attempt in range(attempts):
-        try:
-            return ray.get(make_call(actor))
-        except ray.exceptions.RayActorError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(1.0)
-    raise AssertionError("unreachable")
+__all__ = ["read_metrics", "train"]
 
 
 @dataclass(frozen=True)
@@ -79,26 +59,6 @@ class PendingEval:
     weights: Published
     ref: object
     nfe_train_total: int
-
-
-@dataclass
-class Budget:
-    """The run's training NFEs so far and whether another iteration still fits."""
-
-    limit: int | None
-    total: int = 0
-    last: int = 0
-
-    def add(self, nfe: int) -> None:
-        self.total += nfe
-        self.last = nfe
-
-    def exhausted(self) -> bool:
-        return self.limit is not None and self.last > 0 and self.total + self.last > self.limit
-
-    def next_is_last(self) -> bool:
-        """The coming iteration will exhaust it (estimated from the last one)."""
-        return self.limit is not None and self.last > 0 and self.total + 2 * self.last > self.limit
 
 
 @dataclass
@@ -130,7 +90,7 @@ class TrainingLoop:
             try:
                 got = ray.get(ref_i)
             except ray.exceptions.RayActorError:
-                got = _call_with_restart(weights.load_on, workers[i])
+                got = call_with_restart(weights.load_on, workers[i])
             if got != (version, checksum):
                 raise RuntimeError(f"worker {i} loaded {got}, expected {(version, checksum)}")
         return weights
@@ -172,7 +132,7 @@ class TrainingLoop:
                     self.eval_prompts, self.cfg.train.eval_seed, *self.actors.rewards.args()
                 )
 
-            images, scores, work_s = _call_with_restart(redo, pending.actor)
+            images, scores, work_s = call_with_restart(redo, pending.actor)
         waited = time.perf_counter() - t0
         per_prompt = self.cfg.train.eval_per_prompt
         values = pass_from_scores(scores)
@@ -221,7 +181,7 @@ class TrainingLoop:
                     ray.get(weights.load_on(actor))
                     return actor.rollout.remote(it, share, *self.actors.rewards.args())
 
-                results.append(_call_with_restart(redo, workers[i]))
+                results.append(call_with_restart(redo, workers[i]))
         return results
 
     def learn(self, batches: list) -> dict:

@@ -4,7 +4,7 @@ baseline's logging anchors) plus the learner's forwards; and the NFE budget."""
 import torch
 from conftest import toy_cond
 from g2rpo.common.schedules import sampling_grid
-from g2rpo.learner.driver import Budget
+from g2rpo.learner.budget import Budget
 from g2rpo.learner.grpo import StepSpec, grpo_update
 from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
 from g2rpo.rollout_worker.plan import (

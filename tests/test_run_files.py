@@ -3,7 +3,8 @@
 from pathlib import Path
 
 from g2rpo.common.config import load_config
-from g2rpo.learner.driver import Budget, TrainingLoop
+from g2rpo.learner.budget import Budget
+from g2rpo.learner.driver import TrainingLoop
 from g2rpo.learner.run_files import (
     append_metrics,
     finished,
