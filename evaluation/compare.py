@@ -91,6 +91,9 @@ def train_runs(spec: CompareSpec, runs: list[PlannedRun], progress: bool = True)
         while queue or running:
             while queue and len(running) < spec.parallel:
                 run = queue.pop(0)
+                if finished(run.run_dir) is not None:  # another compare process trained it
+                    bar.update(1)
+                    continue
                 path = configs / f"{run.name}.yaml"
                 path.write_text(dump_config(run.config))
                 run.run_dir.mkdir(parents=True, exist_ok=True)
