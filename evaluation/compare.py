@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -147,6 +148,10 @@ def evaluate_runs(
     final weights; ``at_iterations``: the checkpoint after that iteration), paired
     against the base on the same noise. Cached in each run's eval/<view>/."""
     settings = eval_settings(spec, runs)
+    if spec.eval.threads:
+        import torch
+
+        torch.set_num_threads(spec.eval.threads)
     views = ["budget"]
     if spec.budget.also_at_iterations:
         views.append("at_iterations")
@@ -168,6 +173,10 @@ def evaluate_runs(
         _save_tiles(base_dir, base)
     for run, view in tqdm(todo, desc="compare eval", disable=not progress):
         source = _source(run, view, spec)
+        if view != "budget" and source.as_dict() == _source(run, "budget", spec).as_dict():
+            # the run ended at that iteration: its final weights were just evaluated
+            shutil.copytree(_eval_dir(run, "budget"), _eval_dir(run, view), dirs_exist_ok=True)
+            continue
         model = evaluate_policy(load_policy(source), settings, scorers)
         summary = eval_summary(model, base, settings, {"model": source.as_dict()})
         summary["base_metrics"] = {k: v["metrics"] for k, v in base_summary["splits"].items()}

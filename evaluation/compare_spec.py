@@ -45,6 +45,12 @@ class EvalOptions(_Strict):
     prompts_per_split: int = Field(40, ge=1)
     samples_per_prompt: int = Field(8, ge=1)
     seed: int = 10_000
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch CPU threads for the evaluation (1 when runs train beside it: "
+        "oversubscribed cores make CPU sampling several times slower)",
+    )
 
 
 class CompareSpec(_Strict):

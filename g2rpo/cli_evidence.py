@@ -44,6 +44,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         return _cmd_eval_world(args)
     from g2rpo.evaluation.eval_command import eval_command
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     summary, paths = eval_command(
         args.target,
         base=args.base,
@@ -128,6 +132,7 @@ def add_evidence_parsers(sub) -> None:
     ev.add_argument("--steps", type=int, default=None, help="ODE steps (default: the run's)")
     ev.add_argument("--scorers", default=None, help="NAME[=DIR],... (default: the run's)")
     ev.add_argument("--device", default=None, help="cpu | cuda")
+    ev.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ev.add_argument("--json", action="store_true")
     ev.add_argument("--world", default=None, help="`eval world`: world dir (default: committed)")
     ev.add_argument("--grid", default=None, help="`eval world`: write a sample grid PNG here")
