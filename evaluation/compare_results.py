@@ -15,7 +15,8 @@ VIEWS = {"budget": "at the budget", "at_iterations": "at equal iterations"}
 
 def headline_metrics(spec_runs: list[PlannedRun], evaluations: dict) -> list[str]:
     """The training reward first, then the checker's strict pass rate (if scored)."""
-    metrics = next(iter(evaluations["runs"].values()))["splits"]["held_out"]["metrics"]
+    splits = next(iter(evaluations["runs"].values()))["splits"]
+    metrics = (splits.get("held_out") or next(iter(splits.values())))["metrics"]
     main = spec_runs[0].config.rewards[0].name
     out = [m for m in (main, "shapes_oracle/pass") if m in metrics]
     return out or sorted(metrics)[:2]
