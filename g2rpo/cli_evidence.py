@@ -48,6 +48,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.json:
+        _quiet_weight_loading()
     summary, paths = eval_command(
         args.target,
         base=args.base,
@@ -71,6 +73,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quiet_weight_loading() -> None:
+    """No per-model "Loading weights" bars from transformers/diffusers in logs."""
+    import diffusers.utils.logging
+    import transformers.utils.logging
+
+    transformers.utils.logging.disable_progress_bar()
+    diffusers.utils.logging.disable_progress_bar()
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     import os
 
@@ -79,6 +90,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from g2rpo.evaluation.compare_spec import load_spec
 
     spec = load_spec(args.spec, args.set)
+    if args.no_progress:
+        _quiet_weight_loading()
     try:
         root = compare(spec, progress=not args.no_progress, train=not args.eval_only)
     except KeyboardInterrupt:
