@@ -24,6 +24,7 @@ from .eval_outputs import eval_summary, write_eval_outputs
 from .evaluate import EvalSettings, SplitSamples, evaluate_policy
 from .metrics import make_scorers
 from .policy import PolicySource, load_policy, resolve_policy
+from .run_claims import claim, held_elsewhere, release
 
 
 class SpecChanged(ValueError):
@@ -88,12 +89,23 @@ def train_runs(spec: CompareSpec, runs: list[PlannedRun], progress: bool = True)
     failed: list[str] = []
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     queue = list(todo)
+    elsewhere: list[PlannedRun] = []  # being trained by another compare process
     try:
-        while queue or running:
+        while queue or running or elsewhere:
+            for run in list(elsewhere):
+                if finished(run.run_dir) is not None:
+                    elsewhere.remove(run)
+                    bar.update(1)
+                elif not held_elsewhere(run.run_dir):  # that process stopped: take it over
+                    elsewhere.remove(run)
+                    queue.append(run)
             while queue and len(running) < spec.parallel:
                 run = queue.pop(0)
                 if finished(run.run_dir) is not None:  # another compare process trained it
                     bar.update(1)
+                    continue
+                if not claim(run.run_dir):
+                    elsewhere.append(run)
                     continue
                 path = configs / f"{run.name}.yaml"
                 path.write_text(dump_config(run.config))
@@ -108,6 +120,7 @@ def train_runs(spec: CompareSpec, runs: list[PlannedRun], progress: bool = True)
                 if proc.poll() is None:
                     continue
                 running.remove((run, proc))
+                release(run.run_dir)
                 bar.update(1)
                 if proc.returncode != 0 or finished(run.run_dir) is None:
                     failed.append(
@@ -117,8 +130,9 @@ def train_runs(spec: CompareSpec, runs: list[PlannedRun], progress: bool = True)
     except KeyboardInterrupt:
         for _, proc in running:
             proc.send_signal(2)  # SIGINT: each run checkpoints and can be resumed
-        for _, proc in running:
+        for run, proc in running:
             proc.wait(timeout=120)
+            release(run.run_dir)
         raise
     finally:
         bar.close()
