@@ -46,4 +46,6 @@ def peak_tflops(device: torch.device | str) -> float | None:
 def utilisation(flops: float, seconds: float, peak: float | None) -> dict:
     """Achieved TFLOP/s and, when the peak is known, MFU (fraction of it)."""
     tflops = flops / seconds / 1e12 if seconds > 0 else 0.0
-    return {"tflops": round(tflops, 4), "mfu": round(tflops / peak, 4) if peak else None}
+    # significant digits, not decimals: a test-size model on a busy CPU runs at ~1e-5 TFLOP/s
+    mfu = float(f"{tflops / peak:.4g}") if peak else None
+    return {"tflops": float(f"{tflops:.4g}"), "mfu": mfu}
