@@ -109,7 +109,6 @@ def train_runs(spec: CompareSpec, runs: list[PlannedRun], progress: bool = True)
                     continue
                 path = configs / f"{run.name}.yaml"
                 path.write_text(dump_config(run.config))
-                run.run_dir.mkdir(parents=True, exist_ok=True)
                 log = (run.run_dir / "train.log").open("a")
                 proc = subprocess.Popen(
                     _train_command(run, path), stdout=log, stderr=subprocess.STDOUT, env=env
@@ -169,12 +168,21 @@ def evaluate_runs(
     views = ["budget"]
     if spec.budget.also_at_iterations:
         views.append("at_iterations")
+    sources = {(run.name, view): _source(run, view, spec) for run in runs for view in views}
     todo = [
         (run, view)
         for run in runs
         for view in views
-        if not _cached(_eval_dir(run, view), settings) and _source(run, view, spec) is not None
+        if sources[run.name, view] is not None and not _cached(_eval_dir(run, view), settings)
     ]
+    # a run that ended at also_at_iterations: that view is its final weights' evaluation
+    copies = [
+        (run, view)
+        for run, view in todo
+        if view != "budget"
+        and sources[run.name, view].as_dict() == sources[run.name, "budget"].as_dict()
+    ]
+    todo = [item for item in todo if item not in copies]
     base_dir = spec.root / "base"
     scorers = base_summary = None
     base: dict[str, SplitSamples] | None = None
@@ -186,17 +194,15 @@ def evaluate_runs(
         write_eval_outputs(base_dir, base_summary, base, None, None, "base")
         _save_tiles(base_dir, base)
     for run, view in tqdm(todo, desc="compare eval", disable=not progress):
-        source = _source(run, view, spec)
-        if view != "budget" and source.as_dict() == _source(run, "budget", spec).as_dict():
-            # the run ended at that iteration: its final weights were just evaluated
-            shutil.copytree(_eval_dir(run, "budget"), _eval_dir(run, view), dirs_exist_ok=True)
-            continue
+        source = sources[run.name, view]
         model = evaluate_policy(load_policy(source), settings, scorers)
         summary = eval_summary(model, base, settings, {"model": source.as_dict()})
         summary["base_metrics"] = {k: v["metrics"] for k, v in base_summary["splits"].items()}
         out = _eval_dir(run, view)
         write_eval_outputs(out, summary, model, base, base_summary, spec.label(run.method))
         _save_tiles(out, model)
+    for run, view in copies:
+        shutil.copytree(_eval_dir(run, "budget"), _eval_dir(run, view), dirs_exist_ok=True)
     return {
         "base": json.loads((base_dir / "eval.json").read_text()),
         "runs": {

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from g2rpo.common.config import ConfigError, dump_config, load_config
-from g2rpo.evaluation.compare import SpecChanged, compare
+from g2rpo.evaluation.compare import SpecChanged, compare, evaluate_runs
 from g2rpo.evaluation.compare_spec import load_spec, plan_runs
 from g2rpo.evaluation.report import write_report
 from g2rpo.rollout_worker.plan import algorithm_nfe, g2rpo_plan
@@ -95,6 +95,40 @@ def test_compare_again_resumes_without_retraining_and_refuses_a_changed_spec(com
     changed = load_spec(_spec_file(tmp, quick_world, dance_lr="3.0e-4"))
     with pytest.raises(SpecChanged, match=r"dancegrpo-s0.*optim\.lr"):
         compare(changed, progress=False)
+
+
+def test_eval_threads_and_a_run_ending_at_the_equal_iterations_view(compared, tmp_path):
+    """eval.threads sets torch's CPU threads for the evaluation; when the runs end at
+    also_at_iterations, that view is the final weights' evaluation, copied, not redone."""
+    import shutil
+
+    import torch
+
+    _, spec, root = compared
+    copy_root = tmp_path / "copy"
+    shutil.copytree(root, copy_root / spec.name)
+    for run_dir in (copy_root / spec.name / "runs").iterdir():
+        shutil.rmtree(run_dir / "eval" / "at_iterations")
+    ends_at_2 = spec.model_copy(
+        update={
+            "output_dir": copy_root,
+            "eval": spec.eval.model_copy(update={"threads": 1}),
+            "budget": spec.budget.model_copy(update={"also_at_iterations": 2}),
+        }
+    )
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        evaluations = evaluate_runs(ends_at_2, plan_runs(ends_at_2), progress=False)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    for run in plan_runs(ends_at_2):
+        final = (run.run_dir / "eval" / "budget" / "eval.json").stat()
+        view = (run.run_dir / "eval" / "at_iterations" / "eval.json").stat()
+        assert view.st_mtime == pytest.approx(final.st_mtime, abs=1e-3)  # a copy
+        at, budget = (evaluations["runs"][f"{run.name}/{v}"] for v in ("at_iterations", "budget"))
+        assert at == budget and at["model"]["kind"] == "run-final"
 
 
 def test_spec_errors_name_the_field(tmp_path, quick_world):
