@@ -37,19 +37,16 @@ def group_normalize(
     return torch.where(spread <= spread_tol, torch.zeros_like(adv), adv)
 
 
-def fuse_g2rpo_advantages(
+def g2rpo_reward_terms(
     rewards: Mapping[str, torch.Tensor],
     weights: Mapping[str, float],
     *,
-    adv_clip: float = 5.0,
     eps: float = 1e-8,
     spread_tol: float = 0.0,
-) -> torch.Tensor:
-    """Fuse per-branch rewards into one advantage per (prompt, k, member).
-
-    rewards[name] has shape [P, K, J, G] (prompt, SDE step, granularity, member).
-    Returns float64 [P, K, G].
-    """
+) -> dict[str, torch.Tensor]:
+    """Each reward's addend of the fused advantage, w_r · Σ_g A_{p,k,g,r}: [P, K, G]
+    float64 from rewards[name] of shape [P, K, J, G] (prompt, SDE step, granularity,
+    member)."""
     if not rewards:
         raise ValueError("at least one reward is needed")
     missing = set(rewards) - set(weights)
@@ -58,12 +55,32 @@ def fuse_g2rpo_advantages(
     shapes = {name: tuple(r.shape) for name, r in rewards.items()}
     if len(set(shapes.values())) != 1 or len(next(iter(shapes.values()))) != 4:
         raise ValueError(f"rewards must all be [P, K, J, G]; got {shapes}")
-    total = None
-    for name, r in rewards.items():
-        per_granularity = group_normalize(r, dim=-1, eps=eps, spread_tol=spread_tol)
-        term = weights[name] * per_granularity.sum(dim=2)
-        total = term if total is None else total + term
-    return total.clamp(-adv_clip, adv_clip)
+    return {
+        name: weights[name] * group_normalize(r, dim=-1, eps=eps, spread_tol=spread_tol).sum(dim=2)
+        for name, r in rewards.items()
+    }
+
+
+def fuse_g2rpo_advantages(
+    rewards: Mapping[str, torch.Tensor],
+    weights: Mapping[str, float],
+    *,
+    adv_clip: float = 5.0,
+    eps: float = 1e-8,
+    spread_tol: float = 0.0,
+) -> torch.Tensor:
+    """Fuse per-branch rewards into one advantage per (prompt, k, member): the clipped
+    sum of :func:`g2rpo_reward_terms`. Returns float64 [P, K, G]."""
+    terms = g2rpo_reward_terms(rewards, weights, eps=eps, spread_tol=spread_tol)
+    return sum(terms.values()).clamp(-adv_clip, adv_clip)
+
+
+def advantage_shares(terms: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Each reward's share of the fused advantage's magnitude before clipping,
+    Σ|term_r| / Σ_r' Σ|term_r'| (all zero when no group spread)."""
+    mags = {name: float(t.abs().sum()) for name, t in terms.items()}
+    total = sum(mags.values())
+    return {name: (m / total if total > 0 else 0.0) for name, m in mags.items()}
 
 
 def fuse_terminal_advantages(

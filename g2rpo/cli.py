@@ -9,6 +9,7 @@ import sys
 from g2rpo import __version__
 from g2rpo.cli_bench import add_bench_parsers
 from g2rpo.cli_evidence import add_evidence_parsers
+from g2rpo.cli_reward import add_reward_parsers
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -147,6 +148,7 @@ def _cmd_reward_server(args: argparse.Namespace) -> int:
         advertise_url=args.advertise_url,
         heartbeat_ttl_s=args.heartbeat_ttl,
         device=args.device,
+        dtype=args.dtype,
     )
     if args.replica_id:
         fields["replica_id"] = args.replica_id
@@ -171,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     add_bench_parsers(sub)
+    add_reward_parsers(sub)
 
     pre = sub.add_parser(
         "pretrain", help="train the tiny offline shapes world (pipeline + shapes_clip reward)"
@@ -201,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--token-env", default=None, help="env var holding the bearer token")
     rs.add_argument("--insecure", action="store_true", help="allow a public bind without token")
     rs.add_argument("--device", default="cpu", help="where model scorers run: cpu, cuda, cuda:1")
+    rs.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="model scorers' weights (auto: bfloat16 on CUDA, float32 on CPU)",
+    )
     rs.add_argument("--max-batch", type=int, default=64, help="images per scorer call")
     rs.add_argument("--max-wait-ms", type=float, default=5.0, help="batching window")
     rs.add_argument("--heartbeat-ttl", type=float, default=6.0, help="registration TTL (s)")

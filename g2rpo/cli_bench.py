@@ -69,7 +69,12 @@ def _cmd_bench_reward(args: argparse.Namespace) -> int:
     from g2rpo.reward_server.bench import bench_reward
 
     result = bench_reward(
-        scorer=args.scorer, duration_s=args.duration, per_request=args.images_per_request
+        scorer=args.scorer,
+        duration_s=args.duration,
+        per_request=args.images_per_request,
+        device=args.device,
+        random_model=args.random_model,
+        image_size=args.image_size,
     )
     if args.json:
         print(json.dumps(result))
@@ -192,7 +197,16 @@ def add_bench_parsers(sub) -> None:
 
     rb = bench_sub.add_parser("reward", help="reward-server throughput and latency")
     rb.add_argument("--json", action="store_true")
-    rb.add_argument("--scorer", default="shapes_clip")
+    rb.add_argument("--scorer", default="shapes_clip", help="NAME or NAME=LOCAL_DIR")
+    rb.add_argument("--device", default="cpu", help="where the servers score: cpu, cuda")
+    rb.add_argument(
+        "--random-model",
+        default=None,
+        choices=["vit-h-14", "tiny"],
+        help="serve a random CLIP-family model of this size as --scorer (hpsv2, clip_score, "
+        "pickscore): HPS-v2.1/DFN5B/PickScore's ViT-H-14 without a download",
+    )
+    rb.add_argument("--image-size", type=int, default=32, help="side of the images sent")
     rb.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     rb.add_argument(
         "--images-per-request",

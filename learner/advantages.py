@@ -9,6 +9,8 @@ import torch
 from ..common.advantages import (
     fuse_g2rpo_advantages,
     fuse_terminal_advantages,
+    g2rpo_reward_terms,
+    group_normalize,
     shuffle_within_groups,
 )
 from ..common.config import G2RPOConfig
@@ -64,3 +66,19 @@ def plan_advantages(
             raise ValueError("the control run needs a generator for the shuffle")
         adv = shuffle_within_groups(adv, control_generator)
     return adv.reshape(-1)
+
+
+def plan_reward_terms(
+    plan: RolloutPlan, leaf_rewards: Mapping[str, torch.Tensor], cfg: G2RPOConfig
+) -> dict[str, torch.Tensor]:
+    """Each reward's weighted, group-normalised addend of the advantage (before the
+    clip), for logging every reward's share of the learning signal."""
+    weights, opt = cfg.reward_weights(), cfg.optim
+    if plan.algorithm == "g2rpo":
+        grids = {n: plan.gather(r, "branch") for n, r in leaf_rewards.items()}
+        return g2rpo_reward_terms(grids, weights, eps=opt.adv_eps, spread_tol=opt.adv_spread_tol)
+    return {
+        n: weights[n]
+        * group_normalize(plan.gather(r, "sample"), eps=opt.adv_eps, spread_tol=opt.adv_spread_tol)
+        for n, r in leaf_rewards.items()
+    }

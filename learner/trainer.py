@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..common.advantages import advantage_shares
 from ..common.config import G2RPOConfig
 from ..common.flux import FluxVelocity
 from ..common.flux_pipeline import latent_size
@@ -19,7 +20,7 @@ from ..rollout_worker.worker import (
     seed_for,
     weights_checksum,
 )
-from .advantages import plan_advantages
+from .advantages import plan_advantages, plan_reward_terms
 from .grpo import StepSpec, grpo_update
 
 
@@ -164,6 +165,12 @@ class LearnerCore:
         ).as_dict()
         self.version += 1
         self.iteration += 1
+        terms = [
+            plan_reward_terms(b.plan, {n: b.leaf_rewards[n] for n in weights}, self.cfg)
+            for b in batches
+        ]
+        shares = advantage_shares({n: torch.cat([t[n].flatten() for t in terms]) for n in weights})
+        stats.update({f"adv_share/{n}": share for n, share in shares.items()})
         stats.update(
             {
                 "adv_abs_mean": float(adv.abs().mean()),

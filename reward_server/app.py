@@ -144,7 +144,9 @@ def create_app(settings: ServerSettings, scorers: dict[str, Scorer] | None = Non
         built = {}
         for spec in settings.scorers:
             kwargs = {"path": spec.path} if spec.path else {}
-            built[spec.name] = make_scorer(spec.name, device=settings.device, **kwargs)
+            built[spec.name] = make_scorer(
+                spec.name, device=settings.device, dtype=settings.dtype, **kwargs
+            )
         return built
 
     async def heartbeat(client, info: ReplicaInfo) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from .client import RewardClient
 from .process import RewardServerProcess
 
 
-def _server(scorer: str, max_batch: int, threads: int) -> RewardServerProcess:
+def _server(scorer: str, max_batch: int, threads: int, device: str) -> RewardServerProcess:
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     return RewardServerProcess(
         "--scorers",
@@ -23,18 +24,26 @@ def _server(scorer: str, max_batch: int, threads: int) -> RewardServerProcess:
         str(max_batch),
         "--max-wait-ms",
         "10",
+        "--device",
+        device,
         env=env,
         quiet=True,
     )
 
 
 def _load(
-    client: RewardClient, scorer: str, clients: int, duration_s: float, per_request: int, seed: int
+    client: RewardClient,
+    scorer: str,
+    clients: int,
+    duration_s: float,
+    per_request: int,
+    seed: int,
+    side: int = 32,
 ) -> dict:
     """``clients`` concurrent loops, each sending its next request as soon as the last
     is answered; every image is new (no cache hits)."""
     rng = np.random.default_rng(seed)
-    pool = rng.integers(0, 256, (256, 32, 32, 3), dtype=np.uint8)
+    pool = rng.integers(0, 256, (64, side, side, 3), dtype=np.uint8)
     prompts = ["a red circle on a blue background"] * per_request
 
     async def run() -> list[float]:
@@ -74,9 +83,28 @@ def bench_reward(
     per_request: int = 2,
     clients: tuple[int, ...] = (1, 8, 64),
     seed: int = 0,
+    device: str = "cpu",
+    random_model: str | None = None,
+    image_size: int = 32,
 ) -> dict:
+    """``scorer``: NAME or NAME=DIR; ``random_model`` (``vit-h-14``, ``tiny``) serves a
+    random CLIP-family model of that size under NAME instead of a checkpoint."""
+    import tempfile
+
+    name = scorer.partition("=")[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        if random_model:
+            from .random_models import random_clip_dir
+
+            scorer = f"{name}={random_clip_dir(Path(tmp) / random_model, random_model)}"
+        results = _measure(scorer, name, duration_s, per_request, clients, seed, device, image_size)
+    results.update(device=device, random_model=random_model, image_size=image_size)
+    return results
+
+
+def _measure(scorer, name, duration_s, per_request, clients, seed, device, side) -> dict:
     results: dict = {
-        "scorer": scorer,
+        "scorer": name,
         "images_per_request": per_request,
         "duration_s": duration_s,
         "batched": [],
@@ -84,24 +112,25 @@ def bench_reward(
         "replicas": {},
     }
     threads = max(1, (os.cpu_count() or 2))
+    load = dict(per_request=per_request, seed=seed, side=side)
     for key, max_batch in (("batched", 64), ("unbatched", 1)):
-        server = _server(scorer, max_batch, threads)
+        server = _server(scorer, max_batch, threads, device)
         try:
-            with RewardClient([server.url], deadline_s=120) as client:
-                _load(client, scorer, 4, 1.0, per_request, seed)  # warm-up
+            with RewardClient([server.url], deadline_s=600) as client:
+                _load(client, name, 4, 1.0, **load)  # warm-up
                 for c in clients:
-                    results[key].append(_load(client, scorer, c, duration_s, per_request, seed))
+                    results[key].append(_load(client, name, c, duration_s, **load))
         finally:
             server.stop()
     top = max(clients)
     for replicas in (1, 2):
-        servers = [_server(scorer, 64, max(1, threads // replicas)) for _ in range(replicas)]
+        servers = [
+            _server(scorer, 64, max(1, threads // replicas), device) for _ in range(replicas)
+        ]
         try:
-            with RewardClient([s.url for s in servers], deadline_s=120) as client:
-                _load(client, scorer, 4, 1.0, per_request, seed)
-                results["replicas"][str(replicas)] = _load(
-                    client, scorer, top, duration_s, per_request, seed
-                )
+            with RewardClient([s.url for s in servers], deadline_s=600) as client:
+                _load(client, name, 4, 1.0, **load)
+                results["replicas"][str(replicas)] = _load(client, name, top, duration_s, **load)
         finally:
             for s in servers:
                 s.stop()

@@ -6,6 +6,7 @@ import ipaddress
 import os
 import socket
 import uuid
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,6 +45,9 @@ class ServerSettings(BaseModel):
     )
     advertise_url: str | None = None
     device: str = Field("cpu", description="where model scorers (CLIP, PickScore) run")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="model scorers' weights: auto = bfloat16 on CUDA, float32 on CPU"
+    )
 
     def url(self) -> str:
         return self.advertise_url or f"http://{self.host}:{self.port}"

@@ -93,3 +93,24 @@ def test_shuffle_is_a_permutation_within_each_group():
     assert not torch.equal(out, adv)
     for row in range(2):
         assert sorted(out[row].tolist()) == adv[row].tolist()
+
+
+def test_advantage_shares_are_each_rewards_part_of_the_fused_signal():
+    from g2rpo.common.advantages import advantage_shares, g2rpo_reward_terms
+
+    torch.manual_seed(0)
+    a = torch.randn(2, 3, 2, 8)
+    # a rescaled reward normalises to the same advantages: the weights set the shares
+    terms = g2rpo_reward_terms({"hps": a, "clip": 5 * a + 1}, {"hps": 3.0, "clip": 1.0})
+    shares = advantage_shares(terms)
+    assert shares["hps"] == pytest.approx(0.75) and shares["clip"] == pytest.approx(0.25)
+    assert torch.allclose(
+        fuse_g2rpo_advantages({"hps": a, "clip": 5 * a + 1}, {"hps": 3.0, "clip": 1.0}),
+        (terms["hps"] + terms["clip"]).clamp(-5, 5),
+    )
+    # a reward that never spreads inside a group carries no signal
+    flat = advantage_shares(
+        g2rpo_reward_terms({"hps": a, "const": torch.ones_like(a)}, {"hps": 1.0, "const": 1.0})
+    )
+    assert flat == {"hps": 1.0, "const": 0.0}
+    assert advantage_shares(g2rpo_reward_terms({"c": torch.ones_like(a)}, {"c": 1.0})) == {"c": 0.0}

@@ -164,3 +164,31 @@ def test_bench_weights_json():
         assert r["path_vs_floor"] == pytest.approx(
             r["publish_and_load_s"] / r["put_get_one_worker_s"], rel=0.01
         )
+
+
+def test_bench_reward_serves_a_random_model_of_a_published_size():
+    out = run(
+        "bench",
+        "reward",
+        "--json",
+        "--scorer",
+        "hpsv2",
+        "--random-model",
+        "tiny",
+        "--duration",
+        "0.3",
+        "--images-per-request",
+        "4",
+        "--image-size",
+        "48",
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["scorer"] == "hpsv2" and result["random_model"] == "tiny"
+    assert [r["clients"] for r in result["batched"]] == [1, 8, 64]
+    for r in result["batched"] + result["unbatched"]:
+        assert r["requests"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0
+    assert result["batching_gain"] > 0 and set(result["replicas"]) == {"1", "2"}
+    bad = run("bench", "reward", "--random-model", "vit-z")
+    assert bad.returncode == 2 and "vit-h-14" in bad.stderr

@@ -4,58 +4,14 @@ import numpy as np
 import pytest
 import torch
 from g2rpo.common.loaders import ModelPathError, resolve_local_dir
+from g2rpo.reward_server.random_models import random_clip_dir
 from g2rpo.reward_server.scorers.clip_score import ClipScore
-
-
-def _byte_level_clip_tokenizer():
-    from transformers import CLIPTokenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    chars = list(bytes_to_unicode().values())
-    vocab = {c: i for i, c in enumerate(chars)}
-    vocab.update({c + "</w>": len(chars) + i for i, c in enumerate(chars)})
-    vocab["<|startoftext|>"] = len(vocab)
-    vocab["<|endoftext|>"] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=[])
 
 
 @pytest.fixture(scope="module")
 def tiny_clip_dir(tmp_path_factory):
     """A random tiny CLIP saved in the real transformers layout (no download)."""
-    from transformers import CLIPConfig, CLIPModel, CLIPProcessor
-    from transformers.models.clip import CLIPImageProcessorPil
-
-    torch.manual_seed(0)
-    text = dict(
-        vocab_size=514,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        max_position_embeddings=77,
-        bos_token_id=512,
-        eos_token_id=513,
-        pad_token_id=513,
-    )
-    vision = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=32,
-        patch_size=8,
-    )
-    model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
-    proc = CLIPProcessor(
-        image_processor=CLIPImageProcessorPil(
-            size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
-        ),
-        tokenizer=_byte_level_clip_tokenizer(),
-    )
-    path = tmp_path_factory.mktemp("tiny_clip")
-    model.save_pretrained(path)
-    proc.save_pretrained(path)
-    return path
+    return random_clip_dir(tmp_path_factory.mktemp("clip") / "tiny_clip", "tiny")
 
 
 def _images(n, seed=0):
@@ -102,7 +58,7 @@ def test_hub_id_and_missing_paths_fail_fast(tmp_path):
 
 
 def test_registry(tiny_clip_dir):
-    from g2rpo.reward_server.scorers.registry import ScorerUnavailable, make_scorer, scorer_names
+    from g2rpo.reward_server.scorers.registry import make_scorer, scorer_names
 
     assert {"shapes_oracle", "jpeg_compressibility", "shapes_clip", "pickscore"} <= set(
         scorer_names()
@@ -114,8 +70,13 @@ def test_registry(tiny_clip_dir):
         make_scorer("hps")
     with pytest.raises(ValueError, match="needs path="):
         make_scorer("clip_score")
-    with pytest.raises(ScorerUnavailable, match="hpsv2"):  # open_clip/torchvision don't import
+    with pytest.raises(ValueError, match="'hpsv2' needs path="):
         make_scorer("hpsv2")
+    with pytest.raises(ValueError, match="convert-reward hpsv2"):  # the original .pt, unconverted
+        (tiny_clip_dir.parent / "HPS_v2.1_compressed.pt").write_bytes(b"")
+        make_scorer("hpsv2", path=tiny_clip_dir.parent / "HPS_v2.1_compressed.pt")
+    hps = make_scorer("hpsv2", path=tiny_clip_dir)  # a converted dir is a CLIPModel dir
+    assert hps.name == "hpsv2" and hps.scale == "cosine"
 
 
 def test_fast_paths_match_the_processor_and_model_forward(tiny_clip_dir):

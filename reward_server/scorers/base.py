@@ -33,3 +33,35 @@ def check_batch(images, prompts: list[str]) -> np.ndarray:
     if len(prompts) != arr.shape[0]:
         raise BadInput(f"prompts: {len(prompts)} prompts for {arr.shape[0]} images")
     return arr
+
+
+def torch_dtype(name: str, device: str):
+    """``auto``: bfloat16 on CUDA (the scorers' throughput on a GPU), float32 elsewhere."""
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    if name not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {name!r}")
+    return getattr(torch, name)
+
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+
+
+def weights_version(local) -> str:
+    """``<dir name>-<12 hex>``: a sha256 over the directory's config and weight files, so
+    the score cache never serves one checkpoint's scores for another's."""
+    import hashlib
+    from pathlib import Path
+
+    local = Path(local)
+    digest = hashlib.sha256()
+    files = sorted(
+        p for p in local.iterdir() if p.name == "config.json" or p.suffix in _WEIGHT_SUFFIXES
+    )
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+    return f"{local.name}-{digest.hexdigest()[:12]}"

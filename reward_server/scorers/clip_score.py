@@ -7,7 +7,6 @@ exp(logit_scale), PickScore's scale (≈ 22 for real checkpoints).
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import torch
 from PIL import Image
 
 from ...common.loaders import resolve_local_dir
-from .base import check_batch
+from .base import check_batch, torch_dtype, weights_version
 
 
 class ClipScore:
@@ -28,6 +27,7 @@ class ClipScore:
         name: str = "clip_score",
         scale: str = "cosine",
         device: str = "cpu",
+        dtype: str = "auto",
         batch_size: int = 64,
     ) -> None:
         from transformers import CLIPModel, CLIPProcessor
@@ -35,14 +35,15 @@ class ClipScore:
         if scale not in ("cosine", "logit"):
             raise ValueError(f"scale must be 'cosine' or 'logit', got {scale!r}")
         local = resolve_local_dir(path, name, required=("config.json",))
-        self.model = CLIPModel.from_pretrained(local, local_files_only=True).to(device).eval()
+        self.dtype = torch_dtype(dtype, device)
+        self.model = CLIPModel.from_pretrained(local, local_files_only=True, dtype=self.dtype)
+        self.model = self.model.to(device).eval()
         self.processor = CLIPProcessor.from_pretrained(local, local_files_only=True)
         self.name = name
         self.scale = scale
         self.device = torch.device(device)
         self.batch_size = batch_size
-        digest = hashlib.sha256((local / "config.json").read_bytes()).hexdigest()[:8]
-        self.version = f"{local.name}-{digest}"
+        self.version = weights_version(local)
 
     def _pixels(self, images: np.ndarray) -> torch.Tensor:
         """Processor pixel values; images already at the crop size skip PIL (same values:
@@ -75,15 +76,15 @@ class ClipScore:
             unique, return_tensors="pt", padding=True, truncation=True
         ).to(self.device)
         text = m.text_projection(m.text_model(**tokens).pooler_output)
-        text = text / text.norm(dim=-1, keepdim=True)
+        text = text.float() / text.float().norm(dim=-1, keepdim=True)
         row = torch.tensor([unique.index(p) for p in prompts], device=self.device)
         out = []
         for lo in range(0, arr.shape[0], self.batch_size):
-            pixels = self._pixels(arr[lo : lo + self.batch_size]).to(self.device)
+            pixels = self._pixels(arr[lo : lo + self.batch_size]).to(self.device, self.dtype)
             img = m.visual_projection(m.vision_model(pixel_values=pixels).pooler_output)
-            img = img / img.norm(dim=-1, keepdim=True)
+            img = img.float() / img.float().norm(dim=-1, keepdim=True)
             cos = (img * text[row[lo : lo + self.batch_size]]).sum(dim=-1)
             if self.scale == "logit":
-                cos = cos * m.logit_scale.exp()
+                cos = cos * m.logit_scale.float().exp()
             out.append(cos.float().cpu())
         return torch.cat(out).numpy().astype(np.float32)

@@ -8,10 +8,6 @@ from pathlib import Path
 from .base import Scorer
 
 
-class ScorerUnavailable(RuntimeError):
-    """A scorer whose optional package or checkpoint is missing on this machine."""
-
-
 def _shapes_oracle(**_) -> Scorer:
     from .shapes_oracle import ShapesOracle
 
@@ -24,32 +20,33 @@ def _jpeg(quality: int = 95, **_) -> Scorer:
     return JpegCompressibility(quality=quality)
 
 
-def _clip(name: str, scale: str, default: Path | None = None):
-    def factory(path: str | Path | None = None, device: str = "cpu", **_) -> Scorer:
+def _local_dir(name: str, path, default: Path | None, kind: str | None) -> Path:
+    if path is None and default is None:
+        raise ValueError(f"scorer {name!r} needs path= (a local checkpoint directory)")
+    path = Path(path or default).expanduser()
+    if kind and path.is_file():
+        raise ValueError(
+            f"scorer {name!r}: {path} is the original checkpoint file; convert it once with "
+            f"`g2rpo convert-reward {kind} {path} OUT_DIR --tokenizer TOKENIZER` and serve OUT_DIR"
+        )
+    return path
+
+
+def _clip(name: str, scale: str, default: Path | None = None, kind: str | None = None):
+    def factory(path=None, device: str = "cpu", dtype: str = "auto", **_) -> Scorer:
         from .clip_score import ClipScore
 
-        if path is None and default is None:
-            raise ValueError(f"scorer {name!r} needs path= (a local CLIP checkpoint directory)")
-        return ClipScore(path or default, name=name, scale=scale, device=device)
+        local = _local_dir(name, path, default, kind)
+        return ClipScore(local, name=name, scale=scale, device=device, dtype=dtype)
 
     return factory
 
 
-def _optional(name: str, module: str, extra: str) -> Callable[..., Scorer]:
-    def factory(**_) -> Scorer:
-        try:
-            __import__(module)
-        except Exception as exc:  # ImportError, or torchvision's RuntimeError on CPU torch
-            raise ScorerUnavailable(
-                f"scorer {name!r} needs the {module!r} package, which does not import here "
-                f"({type(exc).__name__}: {exc}); install it with `pip install {extra}` on a "
-                "machine whose torch has torchvision (CUDA builds), or use clip_score/pickscore"
-            ) from None
-        raise ScorerUnavailable(  # pragma: no cover - needs the package and its weights
-            f"scorer {name!r}: the package imports, but its adapter is not implemented yet"
-        )
+def _image_reward(path=None, device: str = "cpu", dtype: str = "auto", **_) -> Scorer:
+    from .image_reward import ImageRewardScore
 
-    return factory
+    local = _local_dir("image_reward", path, None, "image_reward")
+    return ImageRewardScore(local, device=device, dtype=dtype)
 
 
 def _registry() -> dict[str, Callable[..., Scorer]]:
@@ -59,10 +56,12 @@ def _registry() -> dict[str, Callable[..., Scorer]]:
         "shapes_oracle": _shapes_oracle,
         "jpeg_compressibility": _jpeg,
         "shapes_clip": _clip("shapes_clip", "cosine", DEFAULT_WORLD / "shapes_clip"),
-        "clip_score": _clip("clip_score", "cosine"),
+        # DFN5B-CLIP (G²RPO's CLIP reward) once converted: convert-reward dfn5b_clip
+        "clip_score": _clip("clip_score", "cosine", kind="dfn5b_clip"),
         "pickscore": _clip("pickscore", "logit"),
-        "hpsv2": _optional("hpsv2", "hpsv2", "hpsv2"),
-        "image_reward": _optional("image_reward", "ImageReward", "image-reward"),
+        # HPS-v2.1's score is the cosine of its OpenCLIP ViT-H-14 features (≈0.3)
+        "hpsv2": _clip("hpsv2", "cosine", kind="hpsv2"),
+        "image_reward": _image_reward,
     }
 
 

@@ -1,0 +1,84 @@
+"""Random-weight reward models at published sizes, saved in the converted layout, so
+``g2rpo bench reward`` measures serving cost without a download."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# OpenCLIP ViT-H-14 (HPS-v2.1, DFN5B, PickScore's tower) in transformers' CLIP terms
+SIZES = {
+    "vit-h-14": dict(
+        vision=dict(
+            hidden_size=1280,
+            intermediate_size=5120,
+            num_hidden_layers=32,
+            num_attention_heads=16,
+            image_size=224,
+            patch_size=14,
+        ),
+        text=dict(
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            max_position_embeddings=77,
+            vocab_size=49408,
+        ),
+        projection_dim=1024,
+    ),
+    "tiny": dict(
+        vision=dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+        ),
+        text=dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=77,
+            vocab_size=514,
+        ),
+        projection_dim=32,
+    ),
+}
+
+
+def random_clip_dir(out: str | Path, size: str, seed: int = 0) -> Path:
+    """A random CLIPModel of ``size`` with a byte-level CLIP tokenizer (its ids fit any
+    vocabulary) and open_clip's eval image processor, ready for ``--scorers NAME=DIR``."""
+    import torch
+    from transformers import CLIPConfig, CLIPModel
+
+    from .convert import _image_processor
+
+    if size not in SIZES:
+        raise ValueError(f"--random-model must be one of {', '.join(SIZES)}, got {size!r}")
+    spec = SIZES[size]
+    torch.manual_seed(seed)
+    text = dict(spec["text"], bos_token_id=512, eos_token_id=513, pad_token_id=513)
+    config = CLIPConfig(
+        text_config=text, vision_config=spec["vision"], projection_dim=spec["projection_dim"]
+    )
+    out = Path(out)
+    CLIPModel(config).save_pretrained(out)
+    byte_level_clip_tokenizer().save_pretrained(out)
+    _image_processor(spec["vision"]["image_size"], None, None).save_pretrained(out)
+    return out
+
+
+def byte_level_clip_tokenizer(context_length: int = 77):
+    """CLIP's tokenizer with no merges: the 512 byte symbols (bare and word-final), then
+    start/end of text (ids 512, 513). Its ids fit any CLIP vocabulary."""
+    from transformers import CLIPTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    chars = list(bytes_to_unicode().values())
+    vocab = {c: i for i, c in enumerate(chars)}
+    vocab.update({c + "</w>": len(chars) + i for i, c in enumerate(chars)})
+    vocab["<|startoftext|>"], vocab["<|endoftext|>"] = len(vocab), len(vocab) + 1
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=context_length)
