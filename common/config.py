@@ -308,6 +308,10 @@ class TrainConfig(_Strict):
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="serve Prometheus metrics here (0 = any free port)"
     )
+    metrics_host: str = Field(
+        "127.0.0.1",
+        description="address the metrics port binds (0.0.0.0 in a pod Prometheus scrapes)",
+    )
     reward: RewardServiceConfig = Field(default_factory=RewardServiceConfig)
 
     @field_validator("worker_resources", "learner_resources", "eval_resources")

@@ -28,8 +28,12 @@ def chromium_path() -> str | None:
 
 
 def check_page(
-    html: str | Path, selectors: list[str], screenshot: str | Path | None = None
+    html: str | Path,
+    selectors: list[str],
+    screenshot: str | Path | None = None,
+    wait_until: str = "load",
 ) -> PageCheck:
+    """``html``: a file, or an http(s) URL (a live page such as Prometheus' graph)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -37,7 +41,8 @@ def check_page(
             "a screenshot needs playwright (pip install playwright) and a Chromium "
             "(apt-get install chromium, or `playwright install chromium`)"
         ) from None
-    url = Path(html).resolve().as_uri()
+    live = str(html).startswith(("http://", "https://"))
+    url = str(html) if live else Path(html).resolve().as_uri()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
         try:
@@ -45,7 +50,7 @@ def check_page(
             errors: list[str] = []
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(url, wait_until="load")
+            page.goto(url, wait_until=wait_until)
             found = {sel: page.locator(sel).count() for sel in selectors}
             broken = page.evaluate(
                 "Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0)"

@@ -130,41 +130,6 @@ def _cmd_embed_prompts(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_reward_server(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from g2rpo.reward_server.app import create_app
-    from g2rpo.reward_server.settings import ScorerSpec, ServerSettings, token_from_env
-
-    fields = dict(
-        scorers=[ScorerSpec.parse(s) for s in args.scorers.split(",") if s.strip()],
-        host=args.host,
-        port=args.port,
-        redis_url=args.redis_url,
-        token=token_from_env(args.token_env),
-        insecure=args.insecure,
-        max_batch=args.max_batch,
-        max_wait_ms=args.max_wait_ms,
-        advertise_url=args.advertise_url,
-        heartbeat_ttl_s=args.heartbeat_ttl,
-        device=args.device,
-        dtype=args.dtype,
-    )
-    if args.replica_id:
-        fields["replica_id"] = args.replica_id
-    settings = ServerSettings(**fields)
-    settings.check_bind()
-    settings.check_device()
-    print(
-        f"reward server {settings.replica_id} on {settings.url()} serving "
-        f"{', '.join(s.name for s in settings.scorers)}"
-        + (f", registered in {settings.redis_url}" if settings.redis_url else ""),
-        flush=True,
-    )
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="g2rpo", description="Granular-GRPO online RL for flow-matching text-to-image models"
@@ -195,27 +160,6 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--out", required=True, help="output .safetensors file")
     emb.add_argument("--max-sequence-length", type=int, default=512)
     emb.set_defaults(func=_cmd_embed_prompts)
-
-    rs = sub.add_parser("reward-server", help="serve scorers over HTTP (FastAPI)")
-    rs.add_argument("--scorers", required=True, help="NAME[=LOCAL_DIR][,NAME...]")
-    rs.add_argument("--host", default="127.0.0.1")
-    rs.add_argument("--port", type=int, default=8300)
-    rs.add_argument("--redis-url", default=None, help="register for discovery and share a cache")
-    rs.add_argument("--token-env", default=None, help="env var holding the bearer token")
-    rs.add_argument("--insecure", action="store_true", help="allow a public bind without token")
-    rs.add_argument("--device", default="cpu", help="where model scorers run: cpu, cuda, cuda:1")
-    rs.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="model scorers' weights (auto: bfloat16 on CUDA, float32 on CPU)",
-    )
-    rs.add_argument("--max-batch", type=int, default=64, help="images per scorer call")
-    rs.add_argument("--max-wait-ms", type=float, default=5.0, help="batching window")
-    rs.add_argument("--heartbeat-ttl", type=float, default=6.0, help="registration TTL (s)")
-    rs.add_argument("--replica-id", default=None)
-    rs.add_argument("--advertise-url", default=None, help="URL clients should use")
-    rs.set_defaults(func=_cmd_reward_server)
 
     tr = sub.add_parser("train", help="run G²RPO (or a baseline) on Ray")
     tr.add_argument("--config", default=None, help="YAML config (e.g. configs/tiny.yaml)")

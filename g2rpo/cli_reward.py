@@ -29,6 +29,91 @@ def _cmd_convert_reward(args: argparse.Namespace) -> int:
     return 0
 
 
+def _server_settings(args: argparse.Namespace):
+    """ServerSettings from the arguments reward-server and reward-serve share."""
+    from g2rpo.reward_server.settings import ScorerSpec, ServerSettings, token_from_env
+
+    fields = dict(
+        scorers=[ScorerSpec.parse(s) for s in args.scorers.split(",") if s.strip()],
+        host=args.host,
+        port=args.port,
+        redis_url=args.redis_url,
+        token=token_from_env(args.token_env),
+        insecure=args.insecure,
+        max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms,
+        advertise_url=args.advertise_url,
+        heartbeat_ttl_s=args.heartbeat_ttl,
+        device=args.device,
+        dtype=args.dtype,
+    )
+    if getattr(args, "replica_id", None):
+        fields["replica_id"] = args.replica_id
+    settings = ServerSettings(**fields)
+    settings.check_bind()
+    return settings
+
+
+def _cmd_reward_server(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from g2rpo.reward_server.app import create_app
+
+    settings = _server_settings(args)
+    settings.check_device()
+    print(
+        f"reward server {settings.replica_id} on {settings.url()} serving "
+        f"{', '.join(s.name for s in settings.scorers)}"
+        + (f", registered in {settings.redis_url}" if settings.redis_url else ""),
+        flush=True,
+    )
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    return 0
+
+
+def _cmd_reward_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from g2rpo.reward_server.serve import ServeOptions, serve_rewards
+
+    settings = _server_settings(args)
+    options = ServeOptions(
+        min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas,
+        target_ongoing_requests=args.target_ongoing_requests,
+        num_cpus=args.num_cpus,
+        num_gpus=args.num_gpus,
+    )
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    print(
+        f"reward servers on Ray Serve at http://{settings.host}:{settings.port} "
+        f"({options.min_replicas}-{options.max_replicas} replicas)",
+        flush=True,
+    )
+    serve_rewards(settings, options, settings.port)
+    return 0
+
+
+def _server_arguments(p: argparse.ArgumentParser, port: int) -> None:
+    p.add_argument("--scorers", required=True, help="NAME[=LOCAL_DIR][,NAME...]")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=port)
+    p.add_argument("--redis-url", default=None, help="register for discovery and share a cache")
+    p.add_argument("--token-env", default=None, help="env var holding the bearer token")
+    p.add_argument("--insecure", action="store_true", help="allow a public bind without token")
+    p.add_argument("--device", default="cpu", help="where model scorers run: cpu, cuda, cuda:1")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="model scorers' weights (auto: bfloat16 on CUDA, float32 on CPU)",
+    )
+    p.add_argument("--max-batch", type=int, default=64, help="images per scorer call")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="batching window")
+    p.add_argument("--heartbeat-ttl", type=float, default=6.0, help="registration TTL (s)")
+    p.add_argument("--advertise-url", default=None, help="URL clients should use")
+
+
 def add_reward_parsers(sub) -> None:
     from g2rpo.reward_server.convert import KINDS
 
@@ -62,3 +147,20 @@ def add_reward_parsers(sub) -> None:
     )
     cv.add_argument("--json", action="store_true", help="print conversion.json's record")
     cv.set_defaults(func=_cmd_convert_reward)
+
+    server = sub.add_parser("reward-server", help="serve scorers over HTTP (FastAPI)")
+    _server_arguments(server, 8300)
+    server.add_argument("--replica-id", default=None)
+    server.set_defaults(func=_cmd_reward_server)
+
+    serve = sub.add_parser(
+        "reward-serve",
+        help="reward servers as an autoscaled Ray Serve deployment (on RAY_ADDRESS's cluster)",
+    )
+    _server_arguments(serve, 8000)  # --host/--port: Serve's HTTP proxy
+    serve.add_argument("--min-replicas", type=int, default=1)
+    serve.add_argument("--max-replicas", type=int, default=4)
+    serve.add_argument("--target-ongoing-requests", type=float, default=2.0)
+    serve.add_argument("--num-cpus", type=float, default=1.0, help="per replica")
+    serve.add_argument("--num-gpus", type=float, default=0.0, help="per replica")
+    serve.set_defaults(func=_cmd_reward_serve)

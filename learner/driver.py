@@ -345,7 +345,7 @@ def _attach_telemetry(loop: TrainingLoop) -> None:
     if loop.cfg.train.metrics_port is not None:
         from .telemetry import TrainingExporter
 
-        loop.exporter = TrainingExporter(loop.cfg.train.metrics_port)
+        loop.exporter = TrainingExporter(loop.cfg.train.metrics_port, loop.cfg.train.metrics_host)
         (loop.run_dir / "metrics_port").write_text(f"{loop.exporter.port}\n")
     if loop.actors.rewards.redis_url:
         from .telemetry import RedisStatus

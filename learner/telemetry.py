@@ -16,7 +16,7 @@ STREAM_KEY = "g2rpo:runs:{name}:metrics"
 class TrainingExporter:
     """Prometheus metrics of the running job (names per DESIGN §3: g2rpo_ prefix, base units)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
         r = self.registry = CollectorRegistry()
         self.iteration = Gauge("g2rpo_train_iteration", "Last finished iteration", registry=r)
         self.version = Gauge("g2rpo_train_weight_version", "Weights version trained", registry=r)
@@ -35,15 +35,41 @@ class TrainingExporter:
             ["phase"],
             registry=r,
         )
-        self.server, self.thread = start_http_server(port, addr="127.0.0.1", registry=r)
+        self.reward_by_granularity = Gauge(
+            "g2rpo_train_reward_by_granularity",
+            "Mean branch reward at one ODE granularity",
+            ["reward", "granularity"],
+            registry=r,
+        )
+        self.advantage = Gauge(
+            "g2rpo_train_advantage", "Fused advantage statistics", ["stat"], registry=r
+        )
+        self.advantage_share = Gauge(
+            "g2rpo_train_advantage_share",
+            "Each reward's share of the advantage's magnitude",
+            ["reward"],
+            registry=r,
+        )
+        self.last_iteration = Gauge(
+            "g2rpo_train_last_iteration_timestamp_seconds",
+            "Unix time the last iteration finished",
+            registry=r,
+        )
+        self.server, self.thread = start_http_server(port, addr=host, registry=r)
         self.port = self.server.server_port
 
     def observe(self, row: dict) -> None:
         self.iteration.set(row["iteration"])
         self.version.set(row["version"])
+        self.last_iteration.set(time.time())
         for key, value in row.items():
             if key.startswith("reward/") and key.count("/") == 1:
                 self.reward.labels(key.split("/", 1)[1]).set(value)
+            elif key.startswith("reward/") and key.rsplit("/", 1)[1].startswith("g"):
+                name, g = key[len("reward/") :].rsplit("/", 1)
+                self.reward_by_granularity.labels(name, g[1:]).set(value)
+            elif key.startswith("adv_share/"):
+                self.advantage_share.labels(key.split("/", 1)[1]).set(value)
             elif key.startswith("eval/") and (key.count("/") == 1 or key.endswith("/pass")):
                 self.eval_reward.labels(key.split("/", 1)[1]).set(value)
             elif key.startswith("time/"):
@@ -53,6 +79,9 @@ class TrainingExporter:
         self.clip_fraction.set(row["clip_fraction"])
         for stat in ("mean", "min", "max"):
             self.ratio.labels(stat).set(row[f"ratio_{stat}"])
+        for stat in ("abs_mean", "std", "clipped_frac"):
+            if f"adv_{stat}" in row:
+                self.advantage.labels(stat).set(row[f"adv_{stat}"])
         self.nfe.inc(row["nfe"])
 
     def close(self) -> None:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 import numpy as np
@@ -133,8 +133,14 @@ def _field_of(message: str) -> str | None:
     return head.split("[", 1)[0] if head and " " not in head else None
 
 
-def create_app(settings: ServerSettings, scorers: dict[str, Scorer] | None = None) -> FastAPI:
-    """The app; ``scorers`` may be given ready-made (tests), else built from the settings."""
+def create_app(
+    settings: ServerSettings,
+    scorers: dict[str, Scorer] | None = None,
+    replica_id: Callable[[], str] | None = None,
+) -> FastAPI:
+    """The app; ``scorers`` may be given ready-made (tests), else built from the settings.
+    ``replica_id``: called at startup to name this replica (one app object serving several
+    replicas, as a Ray Serve deployment does)."""
     metrics = ServerMetrics()
     state: dict = {"ready": False, "batchers": {}, "cache": None, "redis": None, "inflight": 0}
 
@@ -160,6 +166,8 @@ def create_app(settings: ServerSettings, scorers: dict[str, Scorer] | None = Non
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if replica_id is not None:
+            settings.replica_id = replica_id()
         loaded = await asyncio.to_thread(load_scorers)
         for name, scorer in loaded.items():
             b = DynamicBatcher(

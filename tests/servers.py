@@ -5,11 +5,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 from g2rpo.reward_server.process import RewardServerProcess, free_port, g2rpo_executable
 
 G2RPO = g2rpo_executable()
-__all__ = ["G2RPO", "RedisServer", "RewardServerProcess", "free_port"]
+__all__ = ["G2RPO", "PrometheusServer", "RedisServer", "RewardServerProcess", "free_port"]
 
 
 class RedisServer:
@@ -48,3 +49,51 @@ class RedisServer:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=10)
+
+
+class PrometheusServer:
+    """Debian's ``prometheus`` on a free loopback port with a given config file."""
+
+    def __init__(self, config: Path, data: Path) -> None:
+        exe = shutil.which("prometheus")
+        if exe is None:
+            raise RuntimeError("prometheus is not installed (.ci/run installs it)")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = (data.parent / "prometheus.log").open("w")
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={data}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        import httpx
+
+        for _ in range(300):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited: see {self.log.name}")
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("prometheus did not become ready")
+
+    def query(self, expr: str) -> list:
+        import httpx
+
+        body = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10).json()
+        if body["status"] != "success":
+            raise RuntimeError(f"{expr}: {body}")
+        return body["data"]["result"]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()

@@ -1,0 +1,160 @@
+"""deploy/prometheus and deploy/grafana against the real thing: promtool checks the
+config and rules and runs the alerts' unit tests; Debian's Prometheus, started with
+deploy/'s scrape config (file_sd targets pointed at loopback, intervals shortened to
+1 s), scrapes a real reward server and a real ``g2rpo train`` run that scores through
+it; then every dashboard panel's query and every recording rule must return series."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from servers import G2RPO, PrometheusServer, RewardServerProcess
+from small_run import SMALL_RUN
+
+DEPLOY = Path(__file__).parents[1] / "deploy"
+PROMTOOL = shutil.which("promtool")
+pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool: .ci/run installs prometheus")
+
+
+def _dashboard():
+    sys.path.insert(0, str(DEPLOY / "grafana"))
+    try:
+        import dashboard
+    finally:
+        sys.path.pop(0)
+    return dashboard
+
+
+def _promtool(*args):
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, cwd=DEPLOY)
+
+
+def test_promtool_accepts_the_config_and_rules_and_the_alert_tests_pass():
+    config = _promtool("check", "config", "prometheus/prometheus.yml")
+    assert config.returncode == 0, config.stdout + config.stderr
+    rules = _promtool(
+        "check", "rules", "prometheus/rules/recording.yml", "prometheus/rules/alerts.yml"
+    )
+    assert rules.returncode == 0, rules.stdout + rules.stderr
+    tests = _promtool("test", "rules", "prometheus/rules/alerts_test.yml")
+    assert tests.returncode == 0 and "SUCCESS" in tests.stdout, tests.stdout + tests.stderr
+    # every alert has a unit test
+    alerts = yaml.safe_load((DEPLOY / "prometheus/rules/alerts.yml").read_text())
+    names = {r["alert"] for g in alerts["groups"] for r in g["rules"]}
+    tested = (DEPLOY / "prometheus/rules/alerts_test.yml").read_text()
+    assert all(f"alertname: {n}" in tested for n in names), names
+
+
+def test_the_committed_dashboard_is_the_generators_output():
+    committed = (DEPLOY / "grafana/g2rpo.json").read_text()
+    assert committed == _dashboard().dashboard_json() + "\n", (
+        "regenerate: .venv/bin/python deploy/grafana/dashboard.py > deploy/grafana/g2rpo.json"
+    )
+    panels = json.loads(committed)["panels"]
+    assert sum(p["type"] == "timeseries" for p in panels) == 16
+
+
+def _recording_rules() -> list[str]:
+    rules = yaml.safe_load((DEPLOY / "prometheus/rules/recording.yml").read_text())
+    return [r["record"] for g in rules["groups"] for r in g["rules"]]
+
+
+def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(quick_world, tmp_path):
+    prom_dir = tmp_path / "prometheus"
+    shutil.copytree(DEPLOY / "prometheus", prom_dir)
+    config = (prom_dir / "prometheus.yml").read_text()
+    (prom_dir / "prometheus.yml").write_text(
+        config.replace("interval: 15s", "interval: 1s").replace(
+            "refresh_interval: 30s", "refresh_interval: 1s"
+        )
+    )
+    for f in (prom_dir / "targets").glob("*.json"):
+        f.unlink()
+    reward = RewardServerProcess(
+        "--scorers", f"shapes_clip={quick_world / 'shapes_clip'},shapes_oracle", quiet=True
+    )
+    (prom_dir / "targets/reward.json").write_text(
+        json.dumps([{"targets": [f"127.0.0.1:{reward.port}"], "labels": {"replica": "r1"}}])
+    )
+    prometheus = PrometheusServer(prom_dir / "prometheus.yml", tmp_path / "data")
+    run_dir = tmp_path / "runs" / "monitored"
+    overrides = [
+        *SMALL_RUN,
+        f"model.pretrained={quick_world / 'pipeline'}",
+        f"run.output_dir={tmp_path / 'runs'}",
+        "run.name=monitored",
+        "run.iterations=200",  # stopped once every query has answered
+        "train.metrics_port=0",
+        f"train.reward.urls=[{reward.url}]",
+    ]
+    cmd = [G2RPO, "train", "--no-progress", "--config", str(DEPLOY.parent / "configs/tiny.yaml")]
+    for o in overrides:
+        cmd += ["--set", o]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", RAY_AUTH_MODE="disabled")
+    env.pop("RAY_ADDRESS", None)
+    log = (tmp_path / "train.log").open("w")
+    train = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    queries = [*_dashboard().panel_queries(), *(("recording rule", r) for r in _recording_rules())]
+    try:
+        deadline = time.monotonic() + 600
+        while not (run_dir / "metrics_port").is_file():
+            assert train.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        port = int((run_dir / "metrics_port").read_text())
+        (prom_dir / "targets/train.json").write_text(
+            json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": {"run": "monitored"}}])
+        )
+        # a repeated request: the cache-hit series exist only after a hit
+        from g2rpo.reward_server.client import RewardClient
+
+        images = np.zeros((2, 32, 32, 3), np.uint8)
+        with RewardClient([reward.url]) as client:
+            for _ in range(2):
+                client.score(images, ["a red circle on a blue background"] * 2, ["shapes_clip"])
+        missing = {e: t for t, e in queries}
+        while missing and time.monotonic() < deadline:
+            assert train.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
+            for expr in list(missing):
+                if prometheus.query(expr):
+                    del missing[expr]
+            time.sleep(1.0)
+        assert not missing, f"no series for: {missing}"
+        # the alerts are loaded, and a healthy run fires none of them
+        rules = prometheus.query("ALERTS")
+        assert rules == [], rules
+        _screenshot_graph(prometheus.url, tmp_path / "prometheus-graph.png")
+    finally:
+        train.send_signal(signal.SIGINT)
+        try:
+            train.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            train.kill()
+        log.close()
+        prometheus.stop()
+        reward.stop()
+
+
+def _screenshot_graph(url: str, path: Path) -> None:
+    """Prometheus' own graph page with two dashboard panels' queries (docs/deploy.md's
+    picture: Grafana does not run here)."""
+    from urllib.parse import urlencode
+
+    from g2rpo.evaluation.browser import check_page
+
+    panels = ["g2rpo_train_reward_by_granularity", "g2rpo:reward_request_duration_seconds:p99_5m"]
+    query = {}
+    for i, expr in enumerate(panels):
+        query |= {f"g{i}.expr": expr, f"g{i}.tab": "0", f"g{i}.range_input": "5m"}
+    time.sleep(3)
+    check_page(f"{url}/graph?{urlencode(query)}", [], screenshot=path, wait_until="networkidle")
+    assert path.stat().st_size > 10_000
+    print(f"prometheus graph screenshot: {path}")
