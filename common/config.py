@@ -304,7 +304,12 @@ class TrainConfig(_Strict):
     keep_checkpoints: int | None = Field(
         None, ge=1, description="keep the newest N periodic checkpoints (None: all)"
     )
-    staleness: int = Field(0, ge=0, description="max weight versions a trajectory may lag")
+    staleness: int = Field(
+        0,
+        ge=0,
+        description="max weight versions a trajectory may lag; >= 1 also rolls out the next "
+        "iteration on the current weights while the learner updates (overlapped iterations)",
+    )
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="serve Prometheus metrics here (0 = any free port)"
     )

@@ -4,6 +4,9 @@ are configured). Each iteration runs the algorithm's phases in order:
 
     publish → evaluate (started; runs beside the rollout) → roll out → learn → record
 
+With ``train.staleness >= 1`` the next iteration's rollout runs beside the update
+instead (``overlapped_iteration``): roll out it+1 on v_it ‖ learn it → publish v_it+1.
+
 Everything an iteration draws is a pure function of (seed, iteration, worker), so
 a redone rollout or a resumed run reproduces itself."""
 
@@ -17,24 +20,19 @@ from pathlib import Path
 import ray
 from tqdm.auto import tqdm
 
-from ..common.config import G2RPOConfig, dump_config, load_config
+from ..common.config import G2RPOConfig
 from ..common.prompts import prompts_for, read_prompts
 from .budget import Budget
 from .cluster import RunActors, call_with_restart, record_actors, start_actors
+from .lifecycle import attach_telemetry, finish, open_run, resume_point
 from .records import eval_row, progress_fields, summarise_batches
 from .run_files import (
-    CKPT,
     append_metrics,
     checkpoint_path,
     draw_curves,
-    export_final,
-    latest_checkpoint,
-    mark_finished,
     prune_checkpoints,
-    read_evaluations,
     read_metrics,
     save_evaluation,
-    truncate_metrics,
     write_sample_grid,
 )
 
@@ -62,6 +60,14 @@ class PendingEval:
 
 
 @dataclass
+class PendingRollout:
+    iteration: int
+    weights: Published
+    shares: list
+    refs: list
+
+
+@dataclass
 class TrainingLoop:
     cfg: G2RPOConfig
     run_dir: Path
@@ -73,6 +79,8 @@ class TrainingLoop:
     last_eval_nfe: int | None = None
     exporter: object = None
     status: object = None
+    next_rollout: PendingRollout | None = None  # staleness >= 1: started beside the update
+    published: Published | None = None
 
     def __post_init__(self) -> None:
         self.budget = Budget(self.cfg.run.nfe_budget)
@@ -163,26 +171,35 @@ class TrainingLoop:
             "time/eval_work_s": work_s,
         }
 
-    def roll_out(self, it: int, weights: Published) -> list:
-        """Each worker rolls out its share of the iteration's prompts and scores the
-        leaves; a worker that dies is restarted by Ray and redoes its share."""
+    def launch_rollout(self, it: int, weights: Published) -> PendingRollout:
+        """Each worker starts rolling out its share of the iteration's prompts (and
+        scoring the leaves) with the weights it holds, ``weights``."""
         P, workers = self.cfg.sampling.prompts_per_worker, self.actors.workers
         prompts = prompts_for(self.train_prompts, self.cfg.run.seed, it, P * len(workers))
         shares = [prompts[i * P : (i + 1) * P] for i in range(len(workers))]
         args = self.actors.rewards.args()
         refs = [w.rollout.remote(it, sh, *args) for w, sh in zip(workers, shares, strict=True)]
+        return PendingRollout(it, weights, shares, refs)
+
+    def collect_rollout(self, pending: PendingRollout) -> list:
+        """The workers' trajectories; a worker that died is restarted by Ray, loads the
+        weights the rollout was started with and redoes its share."""
         results = []
-        for i, ref in enumerate(refs):
+        for i, ref in enumerate(pending.refs):
             try:
                 results.append(ray.get(ref))
             except ray.exceptions.RayActorError:
 
-                def redo(actor, share=shares[i]):
-                    ray.get(weights.load_on(actor))
-                    return actor.rollout.remote(it, share, *self.actors.rewards.args())
+                def redo(actor, share=pending.shares[i]):
+                    ray.get(pending.weights.load_on(actor))
+                    args = self.actors.rewards.args()
+                    return actor.rollout.remote(pending.iteration, share, *args)
 
-                results.append(call_with_restart(redo, workers[i]))
+                results.append(call_with_restart(redo, self.actors.workers[i]))
         return results
+
+    def roll_out(self, it: int, weights: Published) -> list:
+        return self.collect_rollout(self.launch_rollout(it, weights))
 
     def learn(self, batches: list) -> dict:
         return ray.get(self.actors.learner.update.remote(*batches))
@@ -201,6 +218,8 @@ class TrainingLoop:
 
     # ------------------------------------------------------------------ the loop
     def iteration(self, it: int, last: bool) -> dict:
+        if self.cfg.train.staleness >= 1:
+            return self.overlapped_iteration(it, last)
         t0 = time.perf_counter()
         weights = self.publish()
         t1 = time.perf_counter()
@@ -217,20 +236,56 @@ class TrainingLoop:
         if self.actors.evaluator is not None:
             evaluation = self.collect_evaluation(pending)
         t5 = time.perf_counter()
+        row = self.summary(it, weights, batches, stats, evaluation)
+        row["time/weight_push_s"] = t1 - t0
+        if self.actors.evaluator is None:
+            row["time/eval_s"] = t2 - t1b
+        row["time/rollout_and_reward_s"] = t3 - t2
+        row["time/learn_s"] = t4 - t3
+        row["time/iteration_s"] = (t5 - t0) - (t1b - t1)
+        return row
+
+    def overlapped_iteration(self, it: int, last: bool) -> dict:
+        """``train.staleness >= 1``: iteration it+1's rollout runs on the weights the
+        workers hold (v_it) while the learner updates on iteration it's batch; the new
+        weights are published behind that rollout. Every batch is learned one version
+        late (``weight_lag`` 1), which the PPO ratio against the recorded log-probs
+        corrects. The first iteration of a session starts from the published weights."""
+        t0 = time.perf_counter()
+        if self.next_rollout is None:
+            self.published = self.publish()
+            self.next_rollout = self.launch_rollout(it, self.published)
+        record_actors(self.run_dir, self.actors)
+        sampled = self.next_rollout
+        pending = self.evaluate(it, self.published, last)  # the newest weights, as in order
+        t1 = time.perf_counter()
+        batches = self.collect_rollout(sampled)
+        t2 = time.perf_counter()
+        # the workers hold the newest weights: the next rollout starts on them now
+        self.next_rollout = None if last else self.launch_rollout(it + 1, self.published)
+        stats = self.learn(batches)
+        t3 = time.perf_counter()
+        evaluation = self.collect_evaluation(pending)
+        t4 = time.perf_counter()
+        if self.next_rollout is not None:
+            self.published = self.publish()  # each worker loads it after that rollout
+        t5 = time.perf_counter()
+        row = self.summary(it, sampled.weights, batches, stats, evaluation)
+        row["time/weight_push_s"] = t5 - t4  # includes waiting for the next rollout
+        row["time/rollout_and_reward_s"] = t2 - t1
+        row["time/learn_s"] = t3 - t2
+        row["time/iteration_s"] = t5 - t0
+        return row
+
+    def summary(self, it, weights: Published, batches, stats, evaluation) -> dict:
         row = {"iteration": it, "version": weights.version, "weights_bytes": weights.nbytes}
         row.update(summarise_batches(batches, stats))
         self.budget.add(row["nfe_train"])
         row["nfe_train_total"] = self.budget.total
         row.update(evaluation)
-        row["time/weight_push_s"] = t1 - t0
         row.setdefault("time/eval_s", 0.0)
-        if self.actors.evaluator is None:
-            row["time/eval_s"] = t2 - t1b
         row["time/rollout_s"] = max(b.timings["rollout_s"] for b in batches)
         row["time/reward_s"] = max(b.timings["reward_s"] for b in batches)
-        row["time/rollout_and_reward_s"] = t3 - t2
-        row["time/learn_s"] = t4 - t3
-        row["time/iteration_s"] = (t5 - t0) - (t1b - t1)
         return row
 
     def run(self, start: int, end: int, progress: bool) -> int:
@@ -270,23 +325,6 @@ class TrainingLoop:
         return done
 
 
-def _open_run(config, overrides, resume) -> tuple[G2RPOConfig, Path]:
-    if resume is not None:
-        run_dir = Path(resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise ValueError(f"--resume {run_dir}: no config.yaml there (not a run directory)")
-        return load_config(run_dir / "config.yaml", overrides), run_dir
-    cfg = load_config(config, overrides)
-    run_dir = Path(cfg.run.output_dir) / cfg.run.name
-    if (run_dir / "metrics.jsonl").exists():
-        raise ValueError(
-            f"{run_dir} already holds a run: pass --resume {run_dir} or another run.name"
-        )
-    (run_dir / CKPT).mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
-    return cfg, run_dir
-
-
 def train(
     config: str | Path | None,
     overrides: list[str],
@@ -296,7 +334,7 @@ def train(
     progress: bool = True,
     max_iterations: int | None = None,
 ) -> Path:
-    cfg, run_dir = _open_run(config, overrides, resume)
+    cfg, run_dir = open_run(config, overrides, resume)
     cfg.model.check_trainable()  # before any actor loads a model
     t = cfg.train
     train_prompts = read_prompts(t.prompts, "train.prompts")
@@ -305,74 +343,17 @@ def train(
     actors = start_actors(cfg, redis_url)
     try:
         loop = TrainingLoop(cfg, run_dir, actors, train_prompts, eval_prompts)
-        start = _resume_point(loop) if resume is not None else 0
+        start = resume_point(loop) if resume is not None else 0
         end = cfg.run.iterations
         if max_iterations is not None:
             end = min(end, start + max_iterations)
-        _attach_telemetry(loop)
+        attach_telemetry(loop)
         try:
             done = loop.run(start, end, progress)
         finally:
             if loop.exporter is not None:
                 loop.exporter.close()
-        _finish(loop, start, done)
+        finish(loop, start, done)
     finally:
         actors.stop()
     return run_dir
-
-
-def _resume_point(loop: TrainingLoop) -> int:
-    """Load the last checkpoint; keep the metrics and evaluations before it."""
-    cfg, run_dir = loop.cfg, loop.run_dir
-    ckpt = latest_checkpoint(run_dir)
-    start = ray.get(loop.actors.learner.load.remote(str(ckpt))) if ckpt is not None else 0
-    if start > cfg.run.iterations:
-        raise ValueError(
-            f"run.iterations={cfg.run.iterations}: the run's checkpoint is already at "
-            f"iteration {start}; resume with --set run.iterations=N for N >= {start}"
-        )
-    rows = truncate_metrics(run_dir, start)
-    if rows:
-        loop.budget.total = rows[-1].get("nfe_train_total", 0)
-        loop.budget.last = rows[-1].get("nfe_train", 0)
-    evaluations = read_evaluations(run_dir)
-    loop.first_eval = evaluations[0] if evaluations else None
-    loop.last_eval_nfe = evaluations[-1]["nfe_train_total"] if evaluations else None
-    return start
-
-
-def _attach_telemetry(loop: TrainingLoop) -> None:
-    if loop.cfg.train.metrics_port is not None:
-        from .telemetry import TrainingExporter
-
-        loop.exporter = TrainingExporter(loop.cfg.train.metrics_port, loop.cfg.train.metrics_host)
-        (loop.run_dir / "metrics_port").write_text(f"{loop.exporter.port}\n")
-    if loop.actors.rewards.redis_url:
-        from .telemetry import RedisStatus
-
-        loop.status = RedisStatus(loop.actors.rewards.redis_url, loop.cfg.run.name)
-
-
-def _finish(loop: TrainingLoop, start: int, done: int) -> None:
-    """A finished run (all iterations, or its NFE budget spent) exports its weights
-    to final/ (or replaces them, when this session trained further) and says so."""
-    cfg, run_dir = loop.cfg, loop.run_dir
-    if done >= cfg.run.iterations:
-        reason = "iterations"
-    elif loop.budget.exhausted():
-        reason = "nfe_budget"
-    else:
-        return  # stopped by --max-iterations: resumable, not finished
-    if done > start or not (run_dir / "final").exists():
-        export_final(loop.actors.learner, run_dir)
-    if done > start or not (run_dir / "evals" / f"it_{done:05d}.json").exists():
-        _evaluate_final(loop, done)
-    mark_finished(run_dir, reason, done, loop.budget.total)
-
-
-def _evaluate_final(loop: TrainingLoop, done: int) -> None:
-    """The trained weights' own evaluation (evals/it_<done>.json), so that the
-    reward-vs-NFE curve ends at the run's last NFE."""
-    weights = loop.publish()
-    pending = loop.evaluate(done, weights, last=True)
-    loop.collect_evaluation(pending)

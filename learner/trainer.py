@@ -139,6 +139,8 @@ class LearnerCore:
                     f"worker {b.worker} sampled iteration {b.iteration} with weights v{b.version}; "
                     f"the learner is at v{self.version} and accepts lag <= {bound}"
                 )
+        # versions between the weights that sampled a batch and those it updates
+        lag = max(self.version - b.version for b in batches)
         weights = self.cfg.reward_weights()
         control = torch.Generator().manual_seed(seed_for(self.cfg.run.seed, self.iteration, 0, 1))
         advs = [
@@ -171,6 +173,7 @@ class LearnerCore:
         ]
         shares = advantage_shares({n: torch.cat([t[n].flatten() for t in terms]) for n in weights})
         stats.update({f"adv_share/{n}": share for n, share in shares.items()})
+        stats["weight_lag"] = lag
         stats.update(
             {
                 "adv_abs_mean": float(adv.abs().mean()),

@@ -40,7 +40,6 @@ class ServeOptions(BaseModel):
             "target_ongoing_requests": self.target_ongoing_requests,
             "upscale_delay_s": self.upscale_delay_s,
             "downscale_delay_s": self.downscale_delay_s,
-            "metrics_interval_s": 0.5,
             "look_back_period_s": 2.0,
         }
 

@@ -58,6 +58,25 @@ def test_two_iterations_with_two_workers(ray_local, quick_world, tmp_path):
     assert "workers: 2" in cfg
 
 
+def test_staleness_one_rolls_out_the_next_iteration_beside_the_update(
+    ray_local, quick_world, tmp_path
+):
+    """train.staleness=1: iteration i+1 is sampled with v_i while the learner updates on
+    iteration i, so from the second iteration on every batch is learned one version
+    late (recorded as weight_lag); the run still trains, evaluates and finishes."""
+    run = _run(quick_world, tmp_path, "overlap", 4, extra=["train.staleness=1"])
+    rows = read_metrics(run)
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+    assert [r["weight_lag"] for r in rows] == [0, 1, 1, 1]
+    assert [r["version"] for r in rows] == [0, 0, 1, 2]  # the weights that sampled each batch
+    assert all(r["optimizer_steps"] == 2 and "eval/shapes_clip" in r for r in rows)
+    assert (run / "finished.json").is_file() and (run / "final").is_dir()
+    in_order = read_metrics(_run(quick_world, tmp_path, "in-order", 2))
+    assert [r["weight_lag"] for r in in_order] == [0, 0]
+    # the first iteration is the same computation either way
+    assert _strip([rows[0]])[0]["reward/shapes_clip"] == in_order[0]["reward/shapes_clip"]
+
+
 def test_resume_reproduces_the_uninterrupted_run(ray_local, quick_world, tmp_path):
     full = _strip(read_metrics(_run(quick_world, tmp_path, "full", 3)))
     part = _run(quick_world, tmp_path, "part", 3, max_iterations=2)

@@ -1,0 +1,93 @@
+"""A training session's start and end around the loop: opening (or resuming) a run
+directory, loading the last checkpoint, attaching telemetry, and marking a run
+finished with its final weights and their evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ray
+
+from ..common.config import G2RPOConfig, dump_config, load_config
+from .run_files import (
+    CKPT,
+    export_final,
+    latest_checkpoint,
+    mark_finished,
+    read_evaluations,
+    truncate_metrics,
+)
+
+
+def open_run(config, overrides, resume) -> tuple[G2RPOConfig, Path]:
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise ValueError(f"--resume {run_dir}: no config.yaml there (not a run directory)")
+        return load_config(run_dir / "config.yaml", overrides), run_dir
+    cfg = load_config(config, overrides)
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    if (run_dir / "metrics.jsonl").exists():
+        raise ValueError(
+            f"{run_dir} already holds a run: pass --resume {run_dir} or another run.name"
+        )
+    (run_dir / CKPT).mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    return cfg, run_dir
+
+
+def resume_point(loop) -> int:
+    """Load the last checkpoint; keep the metrics and evaluations before it."""
+    cfg, run_dir = loop.cfg, loop.run_dir
+    ckpt = latest_checkpoint(run_dir)
+    start = ray.get(loop.actors.learner.load.remote(str(ckpt))) if ckpt is not None else 0
+    if start > cfg.run.iterations:
+        raise ValueError(
+            f"run.iterations={cfg.run.iterations}: the run's checkpoint is already at "
+            f"iteration {start}; resume with --set run.iterations=N for N >= {start}"
+        )
+    rows = truncate_metrics(run_dir, start)
+    if rows:
+        loop.budget.total = rows[-1].get("nfe_train_total", 0)
+        loop.budget.last = rows[-1].get("nfe_train", 0)
+    evaluations = read_evaluations(run_dir)
+    loop.first_eval = evaluations[0] if evaluations else None
+    loop.last_eval_nfe = evaluations[-1]["nfe_train_total"] if evaluations else None
+    return start
+
+
+def attach_telemetry(loop) -> None:
+    if loop.cfg.train.metrics_port is not None:
+        from .telemetry import TrainingExporter
+
+        loop.exporter = TrainingExporter(loop.cfg.train.metrics_port, loop.cfg.train.metrics_host)
+        (loop.run_dir / "metrics_port").write_text(f"{loop.exporter.port}\n")
+    if loop.actors.rewards.redis_url:
+        from .telemetry import RedisStatus
+
+        loop.status = RedisStatus(loop.actors.rewards.redis_url, loop.cfg.run.name)
+
+
+def finish(loop, start: int, done: int) -> None:
+    """A finished run (all iterations, or its NFE budget spent) exports its weights
+    to final/ (or replaces them, when this session trained further) and says so."""
+    cfg, run_dir = loop.cfg, loop.run_dir
+    if done >= cfg.run.iterations:
+        reason = "iterations"
+    elif loop.budget.exhausted():
+        reason = "nfe_budget"
+    else:
+        return  # stopped by --max-iterations: resumable, not finished
+    if done > start or not (run_dir / "final").exists():
+        export_final(loop.actors.learner, run_dir)
+    if done > start or not (run_dir / "evals" / f"it_{done:05d}.json").exists():
+        _evaluate_final(loop, done)
+    mark_finished(run_dir, reason, done, loop.budget.total)
+
+
+def _evaluate_final(loop, done: int) -> None:
+    """The trained weights' own evaluation (evals/it_<done>.json), so that the
+    reward-vs-NFE curve ends at the run's last NFE."""
+    weights = loop.publish()
+    pending = loop.evaluate(done, weights, last=True)
+    loop.collect_evaluation(pending)
