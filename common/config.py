@@ -272,6 +272,12 @@ class TrainConfig(_Strict):
     placement_timeout_s: float = Field(
         600.0, gt=0, description="fail when an actor is not placed by then (names the request)"
     )
+    rollout_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="a worker whose rollout share is not back by then is killed, restarted by "
+        "Ray and redoes that share once (None: wait as long as it takes)",
+    )
     worker_threads: int = Field(1, ge=1, description="torch threads per actor (CPU)")
     image_size: int = Field(512, ge=16)
     max_sequence_length: int = Field(512, ge=1)

@@ -135,12 +135,13 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
     return actors
 
 
-def call_with_restart(make_call, actor, attempts: int = 3):
+def call_with_restart(make_call, actor, attempts: int = 3, timeout: float | None = None):
     """Run an actor call; if the actor died, wait for Ray to restart it and redo it
-    (``make_call`` must bring a fresh actor to the state the call needs)."""
+    (``make_call`` must bring a fresh actor to the state the call needs). A call not
+    back within ``timeout`` raises ray's GetTimeoutError."""
     for attempt in range(attempts):
         try:
-            return ray.get(make_call(actor))
+            return ray.get(make_call(actor), timeout=timeout)
         except ray.exceptions.RayActorError:
             if attempt == attempts - 1:
                 raise

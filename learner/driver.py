@@ -92,13 +92,15 @@ class TrainingLoop:
         version, (ref,), checksum, nbytes = ray.get(self.actors.learner.publish.remote())
         weights = Published(version, ref, checksum, nbytes)
         self.actors.rewards.refresh(timeout=self.cfg.train.placement_timeout_s)
-        workers = self.actors.workers
+        workers, timeout = self.actors.workers, self.cfg.train.rollout_timeout_s
         pending = [weights.load_on(w) for w in workers]
         for i, ref_i in enumerate(pending):
             try:
-                got = ray.get(ref_i)
-            except ray.exceptions.RayActorError:
-                got = call_with_restart(weights.load_on, workers[i])
+                got = ray.get(ref_i, timeout=timeout)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                if isinstance(exc, ray.exceptions.GetTimeoutError):
+                    ray.kill(workers[i], no_restart=False)  # stuck: Ray restarts it
+                got = call_with_restart(weights.load_on, workers[i], timeout=timeout)
             if got != (version, checksum):
                 raise RuntimeError(f"worker {i} loaded {got}, expected {(version, checksum)}")
         return weights
@@ -182,20 +184,34 @@ class TrainingLoop:
         return PendingRollout(it, weights, shares, refs)
 
     def collect_rollout(self, pending: PendingRollout) -> list:
-        """The workers' trajectories; a worker that died is restarted by Ray, loads the
-        weights the rollout was started with and redoes its share."""
+        """The workers' trajectories. A worker that died, or whose share is not back
+        within ``train.rollout_timeout_s`` (then it is killed), is restarted by Ray,
+        loads the weights the rollout was started with and redoes its share once; the
+        late result is never used, so no trajectory is trained twice or lost."""
+        timeout = self.cfg.train.rollout_timeout_s
         results = []
         for i, ref in enumerate(pending.refs):
+            worker = self.actors.workers[i]
             try:
-                results.append(ray.get(ref))
+                results.append(ray.get(ref, timeout=timeout))
+                continue
+            except ray.exceptions.GetTimeoutError:
+                ray.kill(worker, no_restart=False)  # fell behind: Ray restarts it
             except ray.exceptions.RayActorError:
+                pass
 
-                def redo(actor, share=pending.shares[i]):
-                    ray.get(pending.weights.load_on(actor))
-                    args = self.actors.rewards.args()
-                    return actor.rollout.remote(pending.iteration, share, *args)
+            def redo(actor, share=pending.shares[i]):
+                ray.get(pending.weights.load_on(actor))
+                args = self.actors.rewards.args()
+                return actor.rollout.remote(pending.iteration, share, *args)
 
-                results.append(call_with_restart(redo, self.actors.workers[i]))
+            try:
+                results.append(call_with_restart(redo, worker, timeout=timeout))
+            except ray.exceptions.GetTimeoutError:
+                raise RuntimeError(
+                    f"rollout worker {i} did not finish iteration {pending.iteration}'s share "
+                    f"within train.rollout_timeout_s={timeout} s, twice"
+                ) from None
         return results
 
     def roll_out(self, it: int, weights: Published) -> list:
