@@ -10,15 +10,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from .config_train import TrainConfig, _Strict
 
 
 class ConfigError(ValueError):
     """A configuration problem, phrased for the user (field path + value + reason)."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 FLUX_LORA_TARGETS = [
@@ -69,12 +67,38 @@ class ModelConfig(_Strict):
     guidance: float = Field(3.5, description="FLUX distilled guidance embedding")
     quantize_timestep: bool = Field(True, description="feed floor(1000σ)/1000 as the official code")
     lora: LoraOptions | None = Field(None, description="train LoRA adapters; None = full")
+    rollout_weights_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="the dtype rollout workers hold published weights in (they never train): "
+        "bfloat16 halves the bytes pushed and their memory, under model.dtype bfloat16; the "
+        "learner keeps float32 master weights either way",
+    )
+    mixed_precision: Literal["autocast", "fsdp"] = Field(
+        "autocast",
+        description="how the learner computes in model.dtype: autocast over float32 weights, "
+        "or FSDP2's mixed-precision policy (parameters gathered in model.dtype, gradients "
+        "reduced in float32; full fine-tunes only)",
+    )
     attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = Field(
         "auto",
         description="torch SDPA kernels the transformer may use. auto: every kernel but "
         "cuDNN's (its fused attention backward crashed a learner on an H100 with "
         "torch 2.11 / cuDNN 9.19); cudnn: cuDNN only; flash, efficient, math: that kernel only",
     )
+
+    @model_validator(mode="after")
+    def _precision(self) -> ModelConfig:
+        if self.rollout_weights_dtype == "bfloat16" and self.dtype != "bfloat16":
+            raise ValueError(
+                "rollout_weights_dtype bfloat16 needs dtype bfloat16 (the rollout computes in "
+                f"model.dtype; got dtype {self.dtype})"
+            )
+        if self.mixed_precision == "fsdp" and self.lora is not None:
+            raise ValueError(
+                "mixed_precision fsdp shards a full fine-tune; a LoRA run (model.lora) holds "
+                "its base in model.dtype already: use mixed_precision autocast"
+            )
+        return self
 
     def check_trainable(self) -> None:
         if self.dtype == "float16":
@@ -89,6 +113,15 @@ class ModelConfig(_Strict):
         import torch
 
         return getattr(torch, self.dtype) if self.lora is not None else torch.float32
+
+    def rollout_weights_torch_dtype(self):
+        """The dtype of the rollout workers' transformer: a LoRA run's base is held in
+        ``dtype``; a full fine-tune's published weights in ``rollout_weights_dtype``."""
+        import torch
+
+        if self.lora is not None:
+            return self.base_weights_dtype()
+        return getattr(torch, self.rollout_weights_dtype)
 
     def autocast_dtype(self):
         """None for float32, else the torch dtype the transformer computes in."""
@@ -204,131 +237,6 @@ class RunConfig(_Strict):
         "learner's forwards; evaluation excluded) would pass this many",
     )
     output_dir: str = "runs"
-
-
-Resources = dict[str, float]
-
-
-def _check_resources(v: Resources) -> Resources:
-    for name, amount in v.items():
-        if name in ("CPU", "GPU"):
-            raise ValueError(f"give {name} through the num_cpus/num_gpus fields, not resources")
-        if amount <= 0:
-            raise ValueError(f"{name}: amount must be > 0, got {amount}")
-    return v
-
-
-class RewardServiceConfig(_Strict):
-    urls: list[str] = Field(default_factory=list, description="static replica URLs")
-    redis_url: str | None = Field(None, description="discover replicas in this Redis")
-    replicas: int | None = Field(
-        None,
-        ge=0,
-        description="reward-server replicas the job starts as Ray actors "
-        "(None: 1 when no urls/redis_url are given, else 0)",
-    )
-    num_cpus: float = Field(1.0, ge=0, description="per job-started replica")
-    num_gpus: float = Field(0.0, ge=0, description="per job-started replica")
-    resources: Resources = Field(default_factory=dict, description="custom Ray resources")
-    scorers: list[str] = Field(
-        default_factory=list, description="NAME or NAME=LOCAL_DIR for job-started replicas"
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _start_local(cls, data: Any) -> Any:
-        """Run directories written before `replicas` existed say `start_local`."""
-        if isinstance(data, dict) and "start_local" in data:
-            data = dict(data)
-            start = data.pop("start_local")
-            if not start and data.get("replicas") is None:
-                data["replicas"] = 0
-        return data
-
-    token_env: str | None = None
-    deadline_s: float = Field(300.0, gt=0)
-
-    def job_replicas(self, redis_url: str | None = None) -> int:
-        """Replicas the job starts: ``replicas``, or by default one only when no
-        external ones are given (``redis_url``: one passed on the command line)."""
-        if self.replicas is not None:
-            return self.replicas
-        return int(not (self.urls or self.redis_url or redis_url))
-
-    @field_validator("resources")
-    @classmethod
-    def _resources(cls, v: Resources) -> Resources:
-        return _check_resources(v)
-
-
-class TrainConfig(_Strict):
-    workers: int = Field(1, ge=1, description="rollout worker actors")
-    worker_num_cpus: float = Field(1.0, ge=0)
-    worker_num_gpus: float = Field(0.0, ge=0)
-    worker_resources: Resources = Field(default_factory=dict, description="custom Ray resources")
-    learner_num_cpus: float = Field(1.0, ge=0)
-    learner_num_gpus: float = Field(0.0, ge=0)
-    learner_resources: Resources = Field(default_factory=dict, description="custom Ray resources")
-    placement_timeout_s: float = Field(
-        600.0, gt=0, description="fail when an actor is not placed by then (names the request)"
-    )
-    rollout_timeout_s: float | None = Field(
-        None,
-        gt=0,
-        description="a worker whose rollout share is not back by then is killed, restarted by "
-        "Ray and redoes that share once (None: wait as long as it takes)",
-    )
-    worker_threads: int = Field(1, ge=1, description="torch threads per actor (CPU)")
-    image_size: int = Field(512, ge=16)
-    max_sequence_length: int = Field(512, ge=1)
-    prompts: str = Field("shapes:train", description="'shapes:train' or a text file")
-    eval_prompts: str = Field("shapes:held_out")
-    eval_every: int = Field(5, ge=1, description="evaluate the held-out prompts every N iterations")
-    eval_every_nfe: int | None = Field(
-        None,
-        ge=1,
-        description="instead of eval_every: evaluate whenever this many training NFEs "
-        "passed since the last evaluation (methods compared at equal NFEs share eval points)",
-    )
-    eval_samples: int = Field(40, ge=1, description="held-out prompts evaluated (the first N)")
-    eval_per_prompt: int = Field(4, ge=1, description="fixed-noise samples per eval prompt")
-    eval_seed: int = Field(
-        10_000, description="eval noise seed: the same noise for every run and iteration"
-    )
-    eval_actor: bool = Field(
-        True,
-        description="evaluate on an actor of its own, concurrently with the rollout "
-        "(off the critical path); false: on rollout worker 0 before the rollout",
-    )
-    eval_num_cpus: float = Field(1.0, ge=0)
-    eval_num_gpus: float = Field(0.0, ge=0)
-    eval_resources: Resources = Field(default_factory=dict, description="custom Ray resources")
-    checkpoint_every: int = Field(5, ge=1)
-    checkpoint_at: list[int] = Field(
-        default_factory=list, description="also checkpoint after these iterations (kept)"
-    )
-    keep_checkpoints: int | None = Field(
-        None, ge=1, description="keep the newest N periodic checkpoints (None: all)"
-    )
-    staleness: int = Field(
-        0,
-        ge=0,
-        description="max weight versions a trajectory may lag; >= 1 also rolls out the next "
-        "iteration on the current weights while the learner updates (overlapped iterations)",
-    )
-    metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="serve Prometheus metrics here (0 = any free port)"
-    )
-    metrics_host: str = Field(
-        "127.0.0.1",
-        description="address the metrics port binds (0.0.0.0 in a pod Prometheus scrapes)",
-    )
-    reward: RewardServiceConfig = Field(default_factory=RewardServiceConfig)
-
-    @field_validator("worker_resources", "learner_resources", "eval_resources")
-    @classmethod
-    def _resources(cls, v: Resources) -> Resources:
-        return _check_resources(v)
 
 
 class G2RPOConfig(_Strict):
