@@ -151,7 +151,16 @@ def naming_backend(name: str):
     except AttentionBackendError:
         raise
     except RuntimeError as exc:
+        if _collective_failure(exc):  # a learner group's peer, not attention
+            raise
         raise backend_failure(name, exc) from exc
+
+
+def _collective_failure(exc: RuntimeError) -> bool:
+    import torch.distributed as dist
+
+    text = str(exc)
+    return isinstance(exc, dist.DistError) or "Gloo" in text or "NCCL" in text
 
 
 def tiny_flux_config(size: str = "bench") -> dict[str, Any]:

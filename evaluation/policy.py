@@ -51,18 +51,23 @@ def _lora_file(path: Path) -> Path | None:
 
 
 def _run_checkpoint(run: Path, which: str) -> Path:
-    ckpts = sorted((run / "checkpoints").glob("it_*.pt"))
+    """A checkpoint of either layout (``it_N.pt`` or a sharded ``it_N.dcp/``)."""
+    from ..learner.run_files import list_checkpoints
+
+    ckpts = list_checkpoints(run)
     if which == "latest":
         if not ckpts:
-            raise ModelPathError(f"{run}: no checkpoints/it_*.pt to evaluate")
+            raise ModelPathError(f"{run}: no checkpoints/it_* to evaluate")
         return ckpts[-1]
     if which.isdigit():
         which = f"it_{int(which):05d}"
-    path = run / "checkpoints" / (which if which.endswith(".pt") else f"{which}.pt")
-    if not path.is_file():
+    stem = which.removesuffix(".pt").removesuffix(".dcp")
+    found = [p for p in ckpts if p.stem == stem]
+    if not found:
         have = ", ".join(p.stem for p in ckpts) or "none"
+        path = run / "checkpoints" / which
         raise ModelPathError(f"--checkpoint {which}: {path} does not exist (the run has: {have})")
-    return path
+    return found[0]
 
 
 def resolve_policy(
@@ -147,6 +152,11 @@ def _apply_lora_export(comps: FluxComponents, weights: Path) -> None:
 
 
 def _load_checkpoint(comps: FluxComponents, path: Path, cfg: G2RPOConfig | None) -> None:
+    if path.is_dir():  # a learner group's sharded checkpoint: its weights, resharded
+        from ..learner.checkpoints import load_weights_into
+
+        load_weights_into(comps.transformer, path)
+        return
     state = torch.load(path, map_location="cpu", weights_only=False)
     if "lora" in state:
         from ..common.lora import load_adapter_state

@@ -135,25 +135,44 @@ def _cmd_bench_learner(args: argparse.Namespace) -> int:
 def _cmd_bench_weights(args: argparse.Namespace) -> int:
     from g2rpo.learner.bench_weights import bench_weights
 
-    result = bench_weights(
-        sizes=args.sizes.split(","),
-        workers=args.workers,
-        lora_rank=args.lora_rank,
-        repeats=args.repeats,
-        device=args.device,
-    )
+    try:
+        result = bench_weights(
+            sizes=args.sizes.split(","),
+            workers=args.workers,
+            lora_rank=args.lora_rank,
+            repeats=args.repeats,
+            device=args.device,
+            modes=args.modes.split(","),
+        )
+    except ValueError as exc:
+        print(f"g2rpo bench weights: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"publish + verified load on {args.workers} workers vs one put+get of the same bytes")
+    print(
+        "one weight version to every worker, verified and loaded: object store, broadcast; "
+        "vs one put+get of the same bytes to one worker"
+    )
     for key, r in result.items():
         if key == "settings":
             continue
         print(
-            f"  {key:12s} {r['bytes'] / 2**20:8.2f} MiB: {r['publish_and_load_s']:.3f} s vs "
-            f"{r['put_get_one_worker_s']:.3f} s ({r['path_vs_floor']:.2f}x)"
+            f"  {key:22s} {r['bytes'] / 2**20:8.2f} MiB: store {r['publish_and_load_s']:.4f} s "
+            f"({r['path_vs_floor']:.2f}x), broadcast {r['broadcast_and_load_s']:.4f} s "
+            f"({r['broadcast_vs_floor']:.2f}x), floor {r['put_get_one_worker_s']:.4f} s"
         )
     return 0
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers, comma-separated") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every count must be >= 1")
+    return values
 
 
 def add_bench_parsers(sub) -> None:
@@ -235,9 +254,17 @@ def add_bench_parsers(sub) -> None:
     ln.add_argument("--json", action="store_true")
     ln.set_defaults(func=_cmd_bench_learner)
 
-    wt = bench_sub.add_parser("weights", help="weight publish + load vs one object-store put+get")
+    wt = bench_sub.add_parser(
+        "weights",
+        help="weight publish + load (object store, broadcast) vs one object-store put+get",
+    )
     wt.add_argument("--sizes", default="test,bench", help="model presets, comma-separated")
-    wt.add_argument("--workers", type=int, default=2)
+    wt.add_argument(
+        "--workers", type=_int_list, default=[1, 2], help="worker counts, comma-separated"
+    )
+    wt.add_argument(
+        "--modes", default="full,full_bf16,lora", help="full, full_bf16, lora (comma-separated)"
+    )
     wt.add_argument("--lora-rank", type=int, default=16)
     wt.add_argument("--repeats", type=int, default=3)
     wt.add_argument("--device", default="cpu")

@@ -7,8 +7,32 @@ import ray
 from ..common.config import G2RPOConfig
 
 
+class WeightGroupMember:
+    """Membership of the weight-broadcast group (``train.weight_transport:
+    collective``): learner rank 0 and every rollout worker. A restarted actor holds
+    none, which is how the driver knows to form the group again."""
+
+    cfg: G2RPOConfig
+    _weights = None
+
+    def weight_group(self) -> str | None:
+        return None if self._weights is None else self._weights.name
+
+    def join_weight_group(self, name: str, address: str, rank: int, world: int) -> None:
+        from .weight_sync import WeightGroup
+
+        self.leave_weight_group()
+        t, device = self.cfg.train, self.cfg.model.device
+        self._weights = WeightGroup(name, address, rank, world, device, t.collective_timeout_s)
+
+    def leave_weight_group(self) -> None:
+        if self._weights is not None:
+            self._weights.close()
+            self._weights = None
+
+
 @ray.remote(max_restarts=-1, max_task_retries=0)
-class RolloutWorker:
+class RolloutWorker(WeightGroupMember):
     """Holds a pipeline; loads published weights; rolls out its share of prompts."""
 
     def __init__(self, cfg: dict, worker: int) -> None:
@@ -29,6 +53,14 @@ class RolloutWorker:
 
     def load_weights(self, version: int, state: dict, checksum: str) -> tuple[int, str]:
         return self.core.load_weights(version, state, checksum)
+
+    # -- train.weight_transport: collective (rank worker+1 of the broadcast group)
+
+    def receive_weights(self, name: str, version: int, layout, checksum: str):
+        """Take a broadcast version (verified and loaded as from the object store)."""
+        if self.weight_group() != name:
+            raise RuntimeError(f"worker {self.worker} is not in weight group {name}")
+        return self.core.load_weights(version, self._weights.receive(layout), checksum)
 
     def loaded(self) -> tuple[int, str | None]:
         return self.core.version, self.core.checksum
@@ -53,25 +85,49 @@ class RolloutWorker:
 
 
 @ray.remote(max_restarts=0)
-class Learner:
-    """Fuses advantages, updates the policy, publishes (version, weights) once."""
+class Learner(WeightGroupMember):
+    """One rank of the learner group: fuses advantages, updates its share of the
+    policy, and (rank 0) publishes (version, weights) once. A group calls every
+    method on every rank: the ranks gather and reduce together."""
 
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: dict, rank: int = 0, world: int = 1) -> None:
         self.cfg, self._core = G2RPOConfig.model_validate(cfg), None
+        self.rank, self.world = rank, world
+        self._staged: dict = {}  # version -> weights (rank 0, collective transport)
+        self._weights = None  # the weight-broadcast group (rank 0, collective transport)
 
     @property
     def core(self):
         if self._core is None:  # loaded on first use, as the rollout workers
-            from .trainer import LearnerCore
+            from .trainer import LearnerCore, learner_share
 
-            self._core = LearnerCore(self.cfg)
+            self._core = LearnerCore(self.cfg, learner_share(self.cfg, self.rank))
         return self._core
+
+    def rendezvous(self) -> str:
+        """Rank 0: host:port where the group meets (a free port on this node)."""
+        from .placement import free_address
+
+        return free_address()
+
+    def join(self, address: str) -> None:
+        from .distributed import join_learner_group
+
+        t = self.cfg.train
+        join_learner_group(
+            address, self.rank, self.world, self.cfg.model.device, t.collective_timeout_s
+        )
 
     def ready(self) -> bool:
         return self.core is not None
 
     def publish(self):
-        version, state, checksum = self.core.weights()
+        """Rank 0: (version, [object ref], checksum, bytes); other ranks None (they
+        take part in gathering sharded weights)."""
+        published = self.core.weights()
+        if published is None:
+            return None
+        version, state, checksum = published
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         # one object per version, shared by all workers (a LoRA run: the adapters only)
         return version, [ray.put(state)], checksum, nbytes
@@ -81,7 +137,36 @@ class Learner:
 
         return where_am_i()
 
-    def export(self, directory: str) -> str:
+    # -- train.weight_transport: collective (rank 0 of the broadcast group)
+    def stage_weights(self):
+        """Every rank takes part (gathering); rank 0 keeps the version for the
+        broadcast (and an object-store fallback) and returns (version, layout,
+        checksum, bytes); other ranks None."""
+        from .weight_sync import layout_of
+
+        published = self.core.weights()
+        if published is None:
+            return None
+        version, state, checksum = published
+        self._staged[version] = state
+        # the versions a pending rollout may still need (train.staleness)
+        for old in sorted(self._staged)[: -(self.cfg.train.staleness + 1)]:
+            del self._staged[old]
+        layout = layout_of(state)
+        return version, layout, checksum, layout.nbytes
+
+    def put_weights(self, version: int) -> list:
+        return [ray.put(self._staged[version])]
+
+    def broadcast_weights(self, name: str, version: int) -> None:
+        if self._weights is None or self._weights.name != name:
+            raise RuntimeError(f"learner rank 0 is not in weight group {name}")
+        from .weight_sync import layout_of
+
+        state = self._staged[version]
+        self._weights.send(state, layout_of(state))
+
+    def export(self, directory: str) -> str | None:
         return self.core.export(directory)
 
     def update(self, *batches):
@@ -91,12 +176,7 @@ class Learner:
         return self.core.iteration
 
     def save(self, path: str) -> None:
-        import torch
-
-        torch.save(self.core.state_dict(), path)
+        self.core.save(path)
 
     def load(self, path: str) -> int:
-        import torch
-
-        self.core.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
-        return self.core.iteration
+        return self.core.load(path)

@@ -1,8 +1,12 @@
-"""``g2rpo bench weights``: what publishing one weight version costs. The training
-path (the learner takes its trained state and puts it once into the object store;
-every worker fetches it, verifies the checksum and loads it strictly into its
-transformer) against the floor: one ``ray.put`` + ``ray.get`` of the same bytes.
-Full weights and LoRA adapters, for each model size, on N workers."""
+"""``g2rpo bench weights``: what publishing one weight version costs, by both
+transports of training (``train.weight_transport``): the object store (the learner
+takes its trained state and puts it once; every worker fetches it, verifies the
+checksum and loads it strictly into its transformer) and the collective (the
+learner packs it into buckets and broadcasts them over the weight group; every
+worker unpacks, verifies and loads), against the floor: one ``ray.put`` +
+``ray.get`` of the same bytes to one worker. Full weights (float32, and bfloat16 as
+``model.rollout_weights_dtype`` publishes them) and LoRA adapters, for each model
+size and each number of workers."""
 
 from __future__ import annotations
 
@@ -17,31 +21,64 @@ from ..common.config import LoraOptions
 from ..common.flux import build_tiny_flux, count_parameters
 from ..common.lora import add_lora
 from ..rollout_worker.worker import load_published, weights_checksum
+from .placement import free_address
 from .trainer import trained_state
+from .weight_sync import WeightGroup, layout_of
+
+MODES = {  # mode: (LoRA, dtype the workers hold)
+    "full": (False, torch.float32),
+    "full_bf16": (False, torch.bfloat16),
+    "lora": (True, torch.float32),
+}
 
 
-def _model(size: str, lora_rank: int | None, device: str):
+def _model(size: str, lora_rank: int | None, device: str, dtype=torch.float32):
     transformer = build_tiny_flux(size, seed=0).to(device)
     if lora_rank:
         add_lora(transformer, LoraOptions(rank=lora_rank, alpha=2.0 * lora_rank), seed=1)
-    return transformer
+    return transformer.to(dtype) if dtype != torch.float32 else transformer
+
+
+class _Member:
+    """Stand-in learner or worker: a transformer, and the weight group's side."""
+
+    def __init__(self, size: str, mode: str, lora_rank: int, device: str, worker: bool):
+        torch.set_num_threads(1)
+        lora, dtype = MODES[mode]
+        self.lora, self.dtype, self.device = lora, dtype, device
+        rank = lora_rank if lora else None
+        self.transformer = _model(size, rank, device, dtype if worker else torch.float32)
+        self.group = None
+
+    def address(self) -> str:
+        return free_address()
+
+    def join(self, address: str, rank: int, world: int) -> None:
+        self.group = WeightGroup("bench", address, rank, world, self.device, timeout_s=300)
 
 
 @ray.remote
-class _Publisher:
-    def __init__(self, size: str, lora_rank: int | None, device: str) -> None:
-        torch.set_num_threads(1)
-        self.transformer = _model(size, lora_rank, device)
-        self.lora = bool(lora_rank)
+class _Publisher(_Member):
+    def _state(self):
+        """As the learner: trained state in the workers' dtype, then its checksum."""
+        state = trained_state(self.transformer, self.lora)
+        if self.dtype != torch.float32:
+            state = {k: v.to(self.dtype) for k, v in state.items()}
+        return state, weights_checksum(state)
 
     def publish(self):
         """As Learner.publish: trained state → checksum → one object-store put."""
-        t0 = time.perf_counter()
-        state = trained_state(self.transformer, self.lora)
-        checksum = weights_checksum(state)
+        state, checksum = self._state()
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
-        ref = ray.put(state)
-        return [ref], checksum, nbytes, time.perf_counter() - t0
+        return [ray.put(state)], checksum, nbytes
+
+    def stage(self):
+        state, checksum = self._state()
+        self.staged = state
+        return layout_of(state), checksum
+
+    def broadcast(self, layout) -> None:
+        self.group.send(self.staged, layout)
 
     def put_raw(self, nbytes: int):
         """The floor: the same number of bytes as one tensor, put once."""
@@ -49,18 +86,14 @@ class _Publisher:
 
 
 @ray.remote
-class _Subscriber:
-    def __init__(self, size: str, lora_rank: int | None, device: str) -> None:
-        torch.set_num_threads(1)
-        self.transformer = _model(size, lora_rank, device)
-        self.lora = bool(lora_rank)
-
-    def load(self, refs, checksum: str) -> float:
+class _Subscriber(_Member):
+    def load(self, refs, checksum: str) -> None:
         """As a rollout worker's load_weights: fetch, verify, load strictly."""
-        t0 = time.perf_counter()
-        state = ray.get(refs[0])
-        load_published(self.transformer, 1, state, checksum, self.lora)
-        return time.perf_counter() - t0
+        load_published(self.transformer, 1, ray.get(refs[0]), checksum, self.lora)
+
+    def receive(self, layout, checksum: str) -> None:
+        """As a rollout worker's receive_weights: receive, verify, load strictly."""
+        load_published(self.transformer, 1, self.group.receive(layout), checksum, self.lora)
 
     def fetch(self, refs) -> int:
         return int(ray.get(refs[0]).numel())
@@ -76,56 +109,93 @@ def _best(fn, repeats: int) -> float:
     return best
 
 
+def _one_setting(size: str, mode: str, workers: int, lora_rank: int, repeats: int, device):
+    pub = _Publisher.remote(size, mode, lora_rank, device, False)
+    subs = [_Subscriber.remote(size, mode, lora_rank, device, True) for _ in range(workers)]
+    try:
+        address = ray.get(pub.address.remote())
+        ray.get(
+            [pub.join.remote(address, 0, workers + 1)]
+            + [s.join.remote(address, i + 1, workers + 1) for i, s in enumerate(subs)]
+        )
+
+        def object_store():
+            refs, checksum, _ = ray.get(pub.publish.remote())
+            ray.get([s.load.remote(refs, checksum) for s in subs])
+
+        def collective():
+            layout, checksum = ray.get(pub.stage.remote())
+            ray.get(
+                [pub.broadcast.remote(layout)] + [s.receive.remote(layout, checksum) for s in subs]
+            )
+
+        _, _, nbytes = ray.get(pub.publish.remote())
+
+        def put_and_get():
+            ray.get(subs[0].fetch.remote(ray.get(pub.put_raw.remote(nbytes))))
+
+        store_s = _best(object_store, repeats)
+        bcast_s = _best(collective, repeats)
+        floor_s = _best(put_and_get, repeats)
+    finally:
+        for actor in [pub, *subs]:
+            ray.kill(actor)
+    lora, dtype = MODES[mode]
+    return {
+        "preset": size,
+        "mode": mode,
+        "workers": workers,
+        "parameters": None if lora else count_parameters(build_tiny_flux(size)),
+        "lora_rank": lora_rank if lora else None,
+        "dtype": str(dtype).removeprefix("torch."),
+        "bytes": nbytes,
+        # significant digits: a test-size put+get takes well under a millisecond
+        "publish_and_load_s": _sig(store_s),
+        "broadcast_and_load_s": _sig(bcast_s),
+        "put_get_one_worker_s": _sig(floor_s),
+        "path_vs_floor": _sig(store_s / floor_s),
+        "broadcast_vs_floor": _sig(bcast_s / floor_s),
+        "broadcast_vs_object_store": _sig(bcast_s / store_s),
+    }
+
+
+def _sig(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
 def bench_weights(
     *,
     sizes: list[str] | None = None,
-    workers: int = 2,
+    workers: list[int] | int = 2,
     lora_rank: int = 16,
     repeats: int = 3,
     device: str = "cpu",
+    modes: list[str] | None = None,
 ) -> dict[str, Any]:
     sizes = sizes or ["test", "bench"]
+    counts = [workers] if isinstance(workers, int) else list(workers)
+    modes = modes or list(MODES)
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        raise ValueError(f"modes {unknown}: choose from {sorted(MODES)}")
     started = not ray.is_initialized()
     if started:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(
-            num_cpus=workers + 1,
+            num_cpus=max(counts) + 1,
             include_dashboard=False,
             log_to_driver=False,
             object_store_memory=1024 * 2**20,
         )
-    out: dict[str, Any] = {"settings": {"workers": workers, "repeats": repeats, "device": device}}
+    out: dict[str, Any] = {
+        "settings": {"workers": counts, "repeats": repeats, "device": device, "modes": modes}
+    }
     try:
         for size in sizes:
-            for mode, rank in (("full", None), ("lora", lora_rank)):
-                pub = _Publisher.remote(size, rank, device)
-                subs = [_Subscriber.remote(size, rank, device) for _ in range(workers)]
-
-                def publish_and_load(pub=pub, subs=subs):
-                    refs, checksum, _, _ = ray.get(pub.publish.remote())
-                    ray.get([s.load.remote(refs, checksum) for s in subs])
-
-                _, _, nbytes, _ = ray.get(pub.publish.remote())
-
-                def put_and_get(pub=pub, sub=subs[0], nbytes=nbytes):
-                    ray.get(sub.fetch.remote(ray.get(pub.put_raw.remote(nbytes))))
-
-                path_s = _best(publish_and_load, repeats)
-                floor_s = _best(put_and_get, repeats)
-                params = count_parameters(build_tiny_flux(size)) if mode == "full" else None
-                out[f"{size}/{mode}"] = {
-                    "preset": size,
-                    "mode": mode,
-                    "parameters": params,
-                    "lora_rank": rank,
-                    "bytes": nbytes,
-                    # significant digits: a test-size put+get takes well under a millisecond
-                    "publish_and_load_s": float(f"{path_s:.4g}"),
-                    "put_get_one_worker_s": float(f"{floor_s:.4g}"),
-                    "path_vs_floor": float(f"{path_s / floor_s:.4g}"),
-                }
-                for actor in [pub, *subs]:
-                    ray.kill(actor)
+            for mode in modes:
+                for n in counts:
+                    result = _one_setting(size, mode, n, lora_rank, repeats, device)
+                    out[f"{size}/{mode}/w{n}"] = result
     finally:
         if started:
             ray.shutdown()

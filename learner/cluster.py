@@ -13,14 +13,15 @@ from pathlib import Path
 import ray
 
 from ..common.config import G2RPOConfig
-from .actors import Learner, RolloutWorker
+from .actors import RolloutWorker
+from .group import LearnerGroup
 from .placement import actor_options, local_cluster_resources, wait_placed
 from .reward_replicas import RewardSource
 
 
 @dataclass
 class RunActors:
-    learner: object = None
+    learner: LearnerGroup | None = None
     workers: list = field(default_factory=list)
     rewards: RewardSource | None = None
     evaluator: object = None  # train.eval_actor: a worker that only evaluates
@@ -28,7 +29,9 @@ class RunActors:
     def stop(self) -> None:
         if self.rewards is not None:
             self.rewards.close()
-        for actor in [self.learner, *self.workers, self.evaluator]:
+        if self.learner is not None:
+            self.learner.kill()
+        for actor in [*self.workers, self.evaluator]:
             if actor is not None:
                 ray.kill(actor, no_restart=True)
 
@@ -40,26 +43,28 @@ def record_actors(run_dir: Path, actors: RunActors) -> None:
     rewards = actors.rewards
     evaluator = [actors.evaluator] if actors.evaluator is not None else []
     try:
-        everyone = [actors.learner, *actors.workers, *rewards.replicas, *evaluator]
-        calls = [a.placement.remote() for a in everyone]
+        everyone = [*actors.workers, *rewards.replicas, *evaluator]
+        calls = actors.learner.placement_refs() + [a.placement.remote() for a in everyone]
         calls += [r.server_pid.remote() for r in rewards.replicas]
         answers = ray.get(calls, timeout=30)
     except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
         return  # an actor is restarting: the next iteration records it
-    n, m = len(actors.workers), len(rewards.replicas)
+    k, n, m = len(actors.learner.ranks), len(actors.workers), len(rewards.replicas)
+    learners, answers = answers[:k], answers[k:]
     placed, servers = answers[: len(answers) - m], answers[len(answers) - m :]
-    evaluator_info = placed[1 + n + m] if evaluator else None
-    placed = placed[: 1 + n + m]
+    evaluator_info = placed[n + m] if evaluator else None
     replicas = [
         {**info, "url": url, "server_pid": pid}
-        for info, url, pid in zip(placed[1 + n :], rewards.replica_urls, servers, strict=True)
+        for info, url, pid in zip(placed[n : n + m], rewards.replica_urls, servers, strict=True)
     ]
     record = {
-        "rollout_workers": [info["pid"] for info in placed[1 : 1 + n]],
+        "learners": [info["pid"] for info in learners],
+        "rollout_workers": [info["pid"] for info in placed[:n]],
         "reward_servers": servers,
         "placement": {
-            "learner": placed[0],
-            "rollout_workers": placed[1 : 1 + n],
+            "learner": learners[0],  # rank 0, which publishes
+            "learners": learners,
+            "rollout_workers": placed[:n],
             "reward_replicas": replicas,
             "evaluator": evaluator_info,
         },
@@ -93,7 +98,7 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
     actors = RunActors()
     try:
         actors.rewards = RewardSource(cfg, redis_url)
-        actors.learner = Learner.options(**learner_opts).remote(cfg_dict)
+        actors.learner = LearnerGroup(cfg, learner_opts)
         actors.workers = [
             RolloutWorker.options(**worker_opts).remote(cfg_dict, i) for i in range(t.workers)
         ]
@@ -112,7 +117,7 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
                 ),
                 (
                     "train.learner_num_cpus/learner_num_gpus/learner_resources",
-                    [actors.learner],
+                    actors.learner.ranks,
                     learner_opts,
                 ),
                 (
@@ -124,10 +129,12 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
             ],
             t.placement_timeout_s,
         )
-        # placed; now load the models and start the servers (errors surface here)
-        everyone = [*actors.rewards.replicas, actors.learner, *actors.workers]
+        # placed; now form the learner group, load the models and start the servers
+        # (errors surface here)
+        actors.learner.form()
+        everyone = [*actors.rewards.replicas, *actors.workers]
         everyone += [actors.evaluator] if actors.evaluator is not None else []
-        ray.get([a.ready.remote() for a in everyone])
+        ray.get([a.ready.remote() for a in everyone] + actors.learner.ready_refs())
         actors.rewards.refresh(strict=True)
     except BaseException:
         actors.stop()

@@ -25,6 +25,7 @@ from ..common.prompts import prompts_for, read_prompts
 from .budget import Budget
 from .cluster import RunActors, call_with_restart, record_actors, start_actors
 from .lifecycle import attach_telemetry, finish, open_run, resume_point
+from .publishing import Published, publisher_for
 from .records import eval_row, progress_fields, summarise_batches
 from .run_files import (
     append_metrics,
@@ -32,22 +33,13 @@ from .run_files import (
     draw_curves,
     prune_checkpoints,
     read_metrics,
+    replace_other_layout,
     save_evaluation,
     write_sample_grid,
 )
+from .trainer import sharded_learner
 
 __all__ = ["read_metrics", "train"]
-
-
-@dataclass(frozen=True)
-class Published:
-    version: int
-    ref: object
-    checksum: str
-    nbytes: int
-
-    def load_on(self, actor):
-        return actor.load_weights.remote(self.version, self.ref, self.checksum)
 
 
 @dataclass
@@ -75,6 +67,7 @@ class TrainingLoop:
     train_prompts: list[str]
     eval_prompts: list[str]  # each eval prompt repeated train.eval_per_prompt times
     budget: Budget = field(init=False)
+    publisher: object = field(init=False)
     first_eval: dict | None = None
     last_eval_nfe: int | None = None
     exporter: object = None
@@ -84,26 +77,14 @@ class TrainingLoop:
 
     def __post_init__(self) -> None:
         self.budget = Budget(self.cfg.run.nfe_budget)
+        self.publisher = publisher_for(self.actors, self.cfg)
 
     # ------------------------------------------------------------------ phases
     def publish(self) -> Published:
-        """The learner's current weights, once into the object store; every rollout
-        worker loads and verifies them (a restarted worker loads them again)."""
-        version, (ref,), checksum, nbytes = ray.get(self.actors.learner.publish.remote())
-        weights = Published(version, ref, checksum, nbytes)
+        """The learner's current weights to every rollout worker, by object store or
+        broadcast (``train.weight_transport``); each verifies version and checksum."""
         self.actors.rewards.refresh(timeout=self.cfg.train.placement_timeout_s)
-        workers, timeout = self.actors.workers, self.cfg.train.rollout_timeout_s
-        pending = [weights.load_on(w) for w in workers]
-        for i, ref_i in enumerate(pending):
-            try:
-                got = ray.get(ref_i, timeout=timeout)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-                if isinstance(exc, ray.exceptions.GetTimeoutError):
-                    ray.kill(workers[i], no_restart=False)  # stuck: Ray restarts it
-                got = call_with_restart(weights.load_on, workers[i], timeout=timeout)
-            if got != (version, checksum):
-                raise RuntimeError(f"worker {i} loaded {got}, expected {(version, checksum)}")
-        return weights
+        return self.publisher.publish()
 
     def evaluate(self, it: int, weights: Published, last: bool) -> PendingEval | None:
         """Start the held-out evaluation of the published weights (every eval_every
@@ -207,6 +188,10 @@ class TrainingLoop:
 
             try:
                 results.append(call_with_restart(redo, worker, timeout=timeout))
+                newest = self.published
+                if newest is not None and newest.version != pending.weights.version:
+                    # overlapped: the redo loaded the older version; back to the newest
+                    ray.get(newest.load_on(worker), timeout=timeout)
             except ray.exceptions.GetTimeoutError:
                 raise RuntimeError(
                     f"rollout worker {i} did not finish iteration {pending.iteration}'s share "
@@ -218,7 +203,7 @@ class TrainingLoop:
         return self.collect_rollout(self.launch_rollout(it, weights))
 
     def learn(self, batches: list) -> dict:
-        return ray.get(self.actors.learner.update.remote(*batches))
+        return self.actors.learner.update(batches)
 
     def record(self, row: dict, last: bool) -> None:
         append_metrics(self.run_dir, row)
@@ -228,7 +213,9 @@ class TrainingLoop:
             self.status.publish(row, self.run_dir, "finished" if last else "running")
 
     def checkpoint(self, done: int) -> None:
-        ray.get(self.actors.learner.save.remote(str(checkpoint_path(self.run_dir, done))))
+        sharded = sharded_learner(self.cfg)
+        replace_other_layout(self.run_dir, done, sharded)
+        self.actors.learner.save(str(checkpoint_path(self.run_dir, done, sharded)))
         prune_checkpoints(self.run_dir, self.cfg)
         draw_curves(self.run_dir, self.cfg.run.name)
 
@@ -295,6 +282,10 @@ class TrainingLoop:
 
     def summary(self, it, weights: Published, batches, stats, evaluation) -> dict:
         row = {"iteration": it, "version": weights.version, "weights_bytes": weights.nbytes}
+        row["weights_via"] = weights.via
+        formed = getattr(self.publisher, "formed", None)
+        if formed is not None:  # broadcast groups formed so far (again after a restart)
+            row["weight_groups_formed"] = formed
         row.update(summarise_batches(batches, stats))
         self.budget.add(row["nfe_train"])
         row["nfe_train_total"] = self.budget.total

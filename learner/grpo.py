@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import torch
@@ -32,6 +33,7 @@ from ..common.sde import (
     transition_mean,
 )
 from ..rollout_worker.engine import Transitions, VelocityModel
+from .distributed import SINGLE, RankShare, gather_objects, sum_gradients, total_norm
 
 StepMode = Literal["per_sde_step", "accumulate", "per_samples"]
 
@@ -109,9 +111,12 @@ def grpo_update(
     max_batch: int = 64,
     reference_model: VelocityModel | None = None,
     kl_beta: float = 0.0,
+    share: RankShare = SINGLE,
 ) -> UpdateStats:
     """One iteration's policy update. ``advantages`` is the plan's flat advantage
-    tensor; transition i uses advantages[transitions.adv_slot[i]]."""
+    tensor; transition i uses advantages[transitions.adv_slot[i]]. In a learner
+    group every rank calls this on the whole iteration and ``share`` picks the
+    states it recomputes; the returned stats are the group's."""
     if len(transitions) == 0:
         raise ValueError("no trained transitions in this rollout")
     if samples_per_step < 1:
@@ -121,52 +126,51 @@ def grpo_update(
     params = list(parameters)
     adv = advantages.reshape(-1)[transitions.adv_slot]
     groups = _optimizer_groups(transitions, step_mode, samples_per_step)
+    ref = reference_model if kl_beta > 0 else None
+    chunk_loss = partial(_chunk_loss, model, transitions, cond, spec, adv, clip_range, ref, kl_beta)
 
     ratios, clipped, norms = [], [], []
     total_loss = total_kl = 0.0
     nfe = 0
     optimizer.zero_grad(set_to_none=True)
     for group in groups:
-        # Chunk by distinct states so memory stays bounded; losses are weighted so
-        # that the gradient equals the group mean.
-        for chunk in _chunks_by_state(group, transitions.state_index, max_batch):
+        # Chunk by distinct states so memory stays bounded; losses are weighted by
+        # their share of the whole group, so the gradient (summed over chunks and
+        # ranks) equals the group mean.
+        for chunk in share.chunks(group, transitions.state_index, max_batch):
+            if chunk is None:  # padding pass: FSDP's collectives, no gradient
+                chunk_loss(group[:1])[0].mul(0.0).backward()
+                continue
             frac = chunk.numel() / group.numel()
             forwards = int(torch.unique(transitions.state_index[chunk]).numel())
             nfe += forwards * (2 if kl_beta > 0 else 1)
-            log_prob, mean, g = recompute_log_probs(model, transitions, chunk, cond, spec)
-            stats = ppo_clip_loss(
-                log_prob,
-                transitions.old_log_probs[chunk].to(log_prob.device),
-                adv[chunk].to(log_prob.device),
-                clip_range,
-            )
-            loss = stats.loss
-            if kl_beta > 0:
-                with torch.no_grad():
-                    _, ref_mean, _ = recompute_log_probs(
-                        reference_model, transitions, chunk, cond, spec
-                    )
-                kl = kl_to_reference(mean, ref_mean, g.to(mean.device)).mean()
-                loss = loss + kl_beta * kl
-                total_kl += float(kl.detach()) * frac / len(groups)
+            loss, stats, kl = chunk_loss(chunk)
             # the backward runs the attention kernels the forward chose: name them
             with naming_backend(getattr(model, "attention_backend", "auto")):
                 (loss * frac).backward()
             total_loss += float(loss.detach()) * frac / len(groups)
+            total_kl += kl * frac / len(groups)
             ratios.append(stats.ratio.float().cpu())
             clipped.append(stats.clipped.cpu())
-        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        norms.append(float(norm))
+        if share.world > 1 and not share.lockstep:
+            sum_gradients(params)  # data parallel; FSDP reduced them in the backward
+        norms.append(total_norm(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    ratio = torch.cat(ratios)
+    ratio = torch.cat(ratios) if ratios else torch.ones(0)
+    clip = torch.cat(clipped).float() if clipped else torch.zeros(0)
+    if share.world > 1:  # the group's numbers: every rank's ratios, sums of the rest
+        parts = gather_objects((ratio, clip, total_loss, total_kl, nfe))
+        ratio = torch.cat([p[0] for p in parts])
+        clip = torch.cat([p[1] for p in parts])
+        total_loss, total_kl, nfe = (sum(p[i] for p in parts) for i in (2, 3, 4))
     return UpdateStats(
         loss=total_loss,
         ratio_mean=float(ratio.mean()),
         ratio_min=float(ratio.min()),
         ratio_max=float(ratio.max()),
-        clip_fraction=float(torch.cat(clipped).float().mean()),
+        clip_fraction=float(clip.mean()),
         grad_norm=sum(norms) / len(norms),
         grad_norm_max=max(norms),
         optimizer_steps=len(norms),
@@ -174,6 +178,24 @@ def grpo_update(
         transitions=len(transitions),
         nfe_learn=nfe,
     )
+
+
+def _chunk_loss(model, transitions, cond, spec, adv, clip_range, reference, kl_beta, rows):
+    """PPO-clip loss of some transition rows (mean over them), plus β·KL to the
+    reference: (loss, PPO stats, KL as a float)."""
+    log_prob, mean, g = recompute_log_probs(model, transitions, rows, cond, spec)
+    stats = ppo_clip_loss(
+        log_prob,
+        transitions.old_log_probs[rows].to(log_prob.device),
+        adv[rows].to(log_prob.device),
+        clip_range,
+    )
+    if reference is None:
+        return stats.loss, stats, 0.0
+    with torch.no_grad():
+        _, ref_mean, _ = recompute_log_probs(reference, transitions, rows, cond, spec)
+    kl = kl_to_reference(mean, ref_mean, g.to(mean.device)).mean()
+    return stats.loss + kl_beta * kl, stats, float(kl.detach())
 
 
 def _optimizer_groups(
@@ -195,17 +217,3 @@ def _optimizer_groups(
     raise ValueError(
         f"step_mode must be 'per_sde_step', 'accumulate' or 'per_samples', got {step_mode!r}"
     )
-
-
-def _chunks_by_state(
-    rows: torch.Tensor, state_index: torch.Tensor, max_states: int
-) -> list[torch.Tensor]:
-    """Split transition rows into chunks holding at most max_states distinct states,
-    never splitting the transitions of one state."""
-    states = state_index[rows]
-    unique = torch.unique(states)
-    chunks = []
-    for lo in range(0, unique.numel(), max_states):
-        keep = torch.isin(states, unique[lo : lo + max_states])
-        chunks.append(rows[keep])
-    return chunks

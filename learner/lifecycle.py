@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import ray
-
 from ..common.config import G2RPOConfig, dump_config, load_config
 from .run_files import (
     CKPT,
@@ -40,7 +38,7 @@ def resume_point(loop) -> int:
     """Load the last checkpoint; keep the metrics and evaluations before it."""
     cfg, run_dir = loop.cfg, loop.run_dir
     ckpt = latest_checkpoint(run_dir)
-    start = ray.get(loop.actors.learner.load.remote(str(ckpt))) if ckpt is not None else 0
+    start = loop.actors.learner.load(str(ckpt)) if ckpt is not None else 0
     if start > cfg.run.iterations:
         raise ValueError(
             f"run.iterations={cfg.run.iterations}: the run's checkpoint is already at "

@@ -29,14 +29,14 @@ def local_cluster_resources(cfg: G2RPOConfig, redis_url: str | None = None) -> d
     evaluators = int(t.eval_actor)
     cpus = (
         t.workers * t.worker_num_cpus
-        + t.learner_num_cpus
+        + t.learners * t.learner_num_cpus
         + replicas * r.num_cpus
         + evaluators * t.eval_num_cpus
     )
     custom: dict[str, float] = {}
     for count, res in (
         (t.workers, t.worker_resources),
-        (1, t.learner_resources),
+        (t.learners, t.learner_resources),
         (evaluators, t.eval_resources),
     ):
         for name, amount in res.items():
@@ -59,6 +59,15 @@ def where_am_i() -> dict:
         "pid": os.getpid(),
         "resources": {k: v for k, v in ctx.get_assigned_resources().items() if v},
     }
+
+
+def free_address() -> str:
+    """Called inside an actor: ``node_ip:port`` with a port free on its node, where
+    a process group (the learner group, the weight broadcast) meets."""
+    from ..reward_server.process import free_port
+
+    ip = ray.util.get_node_ip_address()
+    return f"{ip}:{free_port(ip)}"
 
 
 def _summary(resources: dict) -> dict:

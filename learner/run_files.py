@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..common.config import G2RPOConfig
+from .checkpoints import SHARDED_SUFFIX, complete
 
 CKPT = "checkpoints"
 FINISHED = "finished.json"
@@ -55,13 +56,37 @@ def read_evaluations(run_dir: str | Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(Path(run_dir).glob("evals/it_*.json"))]
 
 
-def checkpoint_path(run_dir: Path, done: int) -> Path:
-    return run_dir / CKPT / f"it_{done:05d}.pt"
+def checkpoint_path(run_dir: Path, done: int, sharded: bool = False) -> Path:
+    """``it_NNNNN.pt`` (one file), or ``it_NNNNN.dcp/`` for a sharded learner group."""
+    return run_dir / CKPT / f"it_{done:05d}{SHARDED_SUFFIX if sharded else '.pt'}"
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's complete checkpoints of either layout, oldest iteration first."""
+    found = [
+        p
+        for p in (run_dir / CKPT).glob("it_*")
+        if p.suffix in (".pt", SHARDED_SUFFIX) and complete(p)
+    ]
+    return sorted(found, key=lambda p: int(p.stem[3:]))
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    ckpts = sorted((run_dir / CKPT).glob("it_*.pt"))
+    ckpts = list_checkpoints(run_dir)
     return ckpts[-1] if ckpts else None
+
+
+def remove_checkpoint(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def replace_other_layout(run_dir: Path, done: int, sharded: bool) -> None:
+    """A run resumed with another number of learners writes the other layout: drop
+    the stale checkpoint of the same iteration so only one is ever found."""
+    remove_checkpoint(checkpoint_path(run_dir, done, not sharded))
 
 
 def prune_checkpoints(run_dir: Path, cfg: G2RPOConfig) -> list[Path]:
@@ -70,11 +95,11 @@ def prune_checkpoints(run_dir: Path, cfg: G2RPOConfig) -> list[Path]:
     keep = cfg.train.keep_checkpoints
     if keep is None:
         return []
-    pinned = {checkpoint_path(run_dir, i) for i in cfg.train.checkpoint_at}
-    periodic = [p for p in sorted((run_dir / CKPT).glob("it_*.pt")) if p not in pinned]
+    pinned = set(cfg.train.checkpoint_at)
+    periodic = [p for p in list_checkpoints(run_dir) if int(p.stem[3:]) not in pinned]
     doomed = periodic[:-keep]
     for p in doomed:
-        p.unlink(missing_ok=True)
+        remove_checkpoint(p)
     return doomed
 
 
@@ -92,12 +117,11 @@ def finished(run_dir: str | Path) -> dict | None:
 
 def export_final(learner, run_dir: Path) -> None:
     """The trained weights in a diffusers layout under final/, written aside and
-    swapped in, so a final/ that exists is always complete."""
-    import ray
-
+    swapped in, so a final/ that exists is always complete (``learner``: the
+    learner group)."""
     final, partial, old = (run_dir / n for n in ("final", "final.partial", "final.old"))
     shutil.rmtree(partial, ignore_errors=True)
-    ray.get(learner.export.remote(str(partial)))
+    learner.export(str(partial))
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)

@@ -21,6 +21,14 @@ from ..rollout_worker.worker import (
     weights_checksum,
 )
 from .advantages import plan_advantages, plan_reward_terms
+from .checkpoints import (
+    full_weights,
+    is_sharded_checkpoint,
+    load_full_into_shards,
+    load_sharded,
+    save_sharded,
+)
+from .distributed import SINGLE, RankShare, shard_transformer
 from .grpo import StepSpec, grpo_update
 
 
@@ -65,12 +73,34 @@ def merge(batches: list[Trajectories]) -> tuple[Transitions, dict[str, torch.Ten
     return merged, cond
 
 
+def uses_process_group(cfg: G2RPOConfig) -> bool:
+    """Learners form a torch.distributed group: several of them, or one whose
+    transformer FSDP2 computes in mixed precision."""
+    return cfg.train.learners > 1 or cfg.model.mixed_precision == "fsdp"
+
+
+def sharded_learner(cfg: G2RPOConfig) -> bool:
+    """FSDP2 shards the transformer: a full fine-tune in a process group (a LoRA
+    group keeps data-parallel replicas)."""
+    return cfg.model.lora is None and uses_process_group(cfg)
+
+
+def learner_share(cfg: G2RPOConfig, rank: int) -> RankShare:
+    """Rank ``rank``'s part of the group: FSDP2 (lockstep) for a full fine-tune in a
+    group, data-parallel replicas for LoRA, the whole update for one learner."""
+    return RankShare(rank, cfg.train.learners, lockstep=sharded_learner(cfg))
+
+
 class LearnerCore:
-    def __init__(self, cfg: G2RPOConfig) -> None:
+    """The learner's state and update. In a learner group each rank holds one core
+    (its process already joined the group); every method that gathers or reduces
+    must then be called on every rank, and rank 0's answer is the group's."""
+
+    def __init__(self, cfg: G2RPOConfig, share: RankShare = SINGLE) -> None:
         from diffusers import AutoencoderKL, FluxTransformer2DModel
 
         torch.set_num_threads(cfg.train.worker_threads)
-        self.cfg = cfg
+        self.cfg, self.share = cfg, share
         cfg.model.check_trainable()
         path = resolve_path(cfg.model.pretrained)
         self.transformer = FluxTransformer2DModel.from_pretrained(
@@ -87,6 +117,12 @@ class LearnerCore:
         self.velocity = self._velocity_of(self.transformer)
         self.kl_beta = cfg.algorithm.flowgrpo.kl_beta if cfg.algorithm.name == "flowgrpo" else 0.0
         self.reference = self._reference_model() if self.kl_beta > 0 else None
+        self.sharded = share.lockstep
+        if self.sharded:  # after the reference copied the unsharded weights
+            compute = cfg.model.autocast_dtype() if cfg.model.mixed_precision == "fsdp" else None
+            shard_transformer(self.transformer, compute)
+            if self.reference is not None:
+                shard_transformer(self.reference.transformer, compute)
         self.trainable = [p for p in self.transformer.parameters() if p.requires_grad]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
@@ -106,12 +142,14 @@ class LearnerCore:
 
     def _velocity_of(self, transformer) -> FluxVelocity:
         m = self.cfg.model
+        # FSDP2's mixed-precision policy casts parameters and inputs: no autocast then
+        autocast = None if m.mixed_precision == "fsdp" else m.autocast_dtype()
         return FluxVelocity(
             transformer,
             self.side,
             self.side,
             guidance=m.guidance,
-            autocast_dtype=m.autocast_dtype(),
+            autocast_dtype=autocast,
             attention_backend=m.attention_backend,
         )
 
@@ -125,10 +163,21 @@ class LearnerCore:
         return self._velocity_of(copy.deepcopy(self.transformer).eval().requires_grad_(False))
 
     def trained_state(self) -> dict[str, torch.Tensor]:
+        """What the learner publishes and checkpoints; in an FSDP group every rank
+        must call (the weights are gathered) and only rank 0 gets them."""
+        if self.sharded:
+            return full_weights(self.transformer)
         return trained_state(self.transformer, self.lora)
 
-    def weights(self) -> tuple[int, dict[str, torch.Tensor], str]:
+    def weights(self) -> tuple[int, dict[str, torch.Tensor], str] | None:
+        """(version, state, checksum) of the weights rollout workers load, in
+        ``model.rollout_weights_dtype``; None on ranks other than 0."""
         state = self.trained_state()
+        if self.share.rank != 0:
+            return None
+        dtype = getattr(torch, self.cfg.model.rollout_weights_dtype)
+        if dtype != torch.float32:  # workers never train: half the bytes on the wire
+            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
         return self.version, state, weights_checksum(state)
 
     def update(self, batches: list[Trajectories]) -> dict:
@@ -164,6 +213,7 @@ class LearnerCore:
             samples_per_step=o.samples_per_step,
             reference_model=self.reference,
             kl_beta=self.kl_beta,
+            share=self.share,
         ).as_dict()
         self.version += 1
         self.iteration += 1
@@ -184,12 +234,35 @@ class LearnerCore:
         return stats
 
     def state_dict(self) -> dict:
+        """A one-file checkpoint (a single learner, or a data-parallel rank 0)."""
         return {
             "lora" if self.lora else "transformer": self.trained_state(),
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
             "iteration": self.iteration,
         }
+
+    def save(self, path: str) -> None:
+        """A sharded group writes its shards (every rank); otherwise rank 0 writes
+        one file."""
+        if self.sharded:
+            meta = {"version": self.version, "iteration": self.iteration, "kind": "transformer"}
+            save_sharded(self.transformer, self.optimizer, path, meta)
+        elif self.share.rank == 0:
+            torch.save(self.state_dict(), path)
+
+    def load(self, path: str) -> int:
+        """Either checkpoint layout into this learner, whatever group wrote it."""
+        if is_sharded_checkpoint(path):
+            if self.lora:
+                raise ValueError(
+                    f"{path}: a sharded full-weight checkpoint; this run is a LoRA run (model.lora)"
+                )
+            meta = load_sharded(self.transformer, self.optimizer, path)
+            self.version, self.iteration = meta["version"], meta["iteration"]
+        else:
+            self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        return self.iteration
 
     def load_state_dict(self, state: dict) -> None:
         key = "lora" if self.lora else "transformer"
@@ -199,23 +272,39 @@ class LearnerCore:
                 f"checkpoint holds {sorted(k for k in state if k in ('lora', 'transformer'))}; "
                 f"this run is {kind} run (model.lora) and needs {key!r}"
             )
-        if self.lora:
-            load_adapter_state(self.transformer, state["lora"])
+        if self.sharded:
+            load_full_into_shards(
+                self.transformer, self.optimizer, state["transformer"], state["optimizer"]
+            )
         else:
-            self.transformer.load_state_dict(state["transformer"])
-        self.optimizer.load_state_dict(state["optimizer"])
+            if self.lora:
+                load_adapter_state(self.transformer, state["lora"])
+            else:
+                self.transformer.load_state_dict(state["transformer"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]
         self.iteration = state["iteration"]
 
-    def export(self, directory: str) -> str:
+    def export(self, directory: str) -> str | None:
         """Final weights in diffusers layouts: ``pytorch_lora_weights.safetensors``
-        (``FluxPipeline.load_lora_weights``) or ``transformer/`` (``from_pretrained``)."""
+        (``FluxPipeline.load_lora_weights``) or ``transformer/`` (``from_pretrained``).
+        Every rank calls; rank 0 writes."""
         from pathlib import Path
 
         from ..common.lora import save_lora_weights
 
+        full = full_weights(self.transformer) if self.sharded else None
+        if self.share.rank != 0:
+            return None
         if self.lora:
             return str(save_lora_weights(self.transformer, directory))
         out = Path(directory) / "transformer"
-        self.transformer.save_pretrained(out)
+        if full is None:
+            self.transformer.save_pretrained(out)
+        else:  # a plain copy of the gathered weights, in the layout from_pretrained reads
+            from diffusers import FluxTransformer2DModel
+
+            plain = FluxTransformer2DModel.from_config(self.transformer.config)
+            plain.load_state_dict(full)
+            plain.save_pretrained(out)
         return str(out)

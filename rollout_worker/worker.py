@@ -28,7 +28,9 @@ def weights_checksum(state: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for name in sorted(state):
         h.update(name.encode())
-        h.update(state[name].detach().cpu().contiguous().numpy().tobytes())
+        # the raw bytes (numpy has no bfloat16)
+        raw = state[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        h.update(raw.numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -116,7 +118,7 @@ class RolloutWorkerCore:
             raise ValueError("model.pretrained: a local pipeline directory is needed for training")
         self.comps = FluxComponents.load(
             resolve_path(cfg.model.pretrained),
-            dtype=cfg.model.base_weights_dtype(),
+            dtype=cfg.model.rollout_weights_torch_dtype(),
             device=cfg.model.device,
             text_encoder_dtype=cfg.model.autocast_dtype() or torch.float32,
         )
@@ -171,6 +173,19 @@ class RolloutWorkerCore:
             max_batch=self.cfg.sampling.max_batch,
         )
 
+    def sample(self, iteration: int, prompts: list[str]):
+        """This worker's rollout tree of an iteration, unscored: (plan, prompt
+        embeddings, RolloutResult, uint8 leaf images); the noise and the plan are
+        drawn from (run seed, iteration, worker)."""
+        gen = torch.Generator().manual_seed(seed_for(self.cfg.run.seed, iteration, self.worker))
+        plan = plan_for(self.cfg, iteration, gen)
+        if plan.num_prompts != len(prompts):
+            raise ValueError(
+                f"worker {self.worker}: got {len(prompts)} prompts, plan needs {plan.num_prompts}"
+            )
+        cond, result, images = self._sample(plan, prompts, gen)
+        return plan, cond, result, images
+
     def rollout(
         self,
         iteration: int,
@@ -181,13 +196,7 @@ class RolloutWorkerCore:
         scorers: list[str] | None = None,
     ) -> Trajectories:
         t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(seed_for(self.cfg.run.seed, iteration, self.worker))
-        plan = plan_for(self.cfg, iteration, gen)
-        if plan.num_prompts != len(prompts):
-            raise ValueError(
-                f"worker {self.worker}: got {len(prompts)} prompts, plan needs {plan.num_prompts}"
-            )
-        cond, result, images = self._sample(plan, prompts, gen)
+        plan, cond, result, images = self.sample(iteration, prompts)
         t1 = time.perf_counter()
         names = scorers or [r.name for r in self.cfg.rewards]
         client = self._reward_client(reward_urls, redis_url, token)

@@ -147,7 +147,7 @@ def test_bench_weights_json():
         "--sizes",
         "test",
         "--workers",
-        "1",
+        "1,2",
         "--repeats",
         "1",
         "--lora-rank",
@@ -156,14 +156,25 @@ def test_bench_weights_json():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
-    full, lora = result["test/full"], result["test/lora"]
-    assert full["bytes"] == 4 * full["parameters"]  # fp32 weights, every one published
-    assert 0 < lora["bytes"] < full["bytes"] / 5  # adapters only
-    for r in (full, lora):
-        assert r["publish_and_load_s"] > 0 and r["put_get_one_worker_s"] > 0
-        assert r["path_vs_floor"] == pytest.approx(
-            r["publish_and_load_s"] / r["put_get_one_worker_s"], rel=0.01
-        )
+    assert result["settings"]["workers"] == [1, 2]
+    for n in (1, 2):
+        full, half, lora = (result[f"test/{m}/w{n}"] for m in ("full", "full_bf16", "lora"))
+        assert full["bytes"] == 4 * full["parameters"]  # fp32 weights, every one published
+        assert half["bytes"] == full["bytes"] // 2  # what bfloat16 rollout weights push
+        assert 0 < lora["bytes"] < full["bytes"] / 5  # adapters only
+        for r in (full, half, lora):
+            assert r["workers"] == n
+            for path, ratio in (
+                ("publish_and_load_s", "path_vs_floor"),
+                ("broadcast_and_load_s", "broadcast_vs_floor"),
+            ):
+                assert r[path] > 0
+                assert r[ratio] == pytest.approx(r[path] / r["put_get_one_worker_s"], rel=0.01)
+
+
+def test_bench_weights_refuses_an_unknown_mode():
+    out = run("bench", "weights", "--modes", "full,fp8", "--sizes", "test", timeout=120)
+    assert out.returncode == 2 and "fp8" in out.stderr and "full_bf16" in out.stderr
 
 
 def test_bench_reward_serves_a_random_model_of_a_published_size():

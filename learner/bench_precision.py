@@ -1,0 +1,115 @@
+"""``g2rpo bench precision``: does a precision setting change the log-probs the PPO
+ratio compares? For each setting a rollout worker and a learner are built from the
+same pipeline exactly as training builds them (``RolloutWorkerCore``,
+``LearnerCore``); the worker loads the learner's published weights, rolls out a
+G²RPO tree, and the learner recomputes the log-prob of every recorded SDE step
+before any update. The ratio exp(new - old) is then 1 up to the arithmetic the two
+sides do differently; with a ratio clip of 1e-4, a setting whose |ratio - 1| reaches
+a good fraction of it clips samples for no reason.
+
+Settings: float32; model.dtype bfloat16 under autocast on both sides (float32
+weights, today's default for bf16); the workers holding bfloat16 weights
+(``model.rollout_weights_dtype``); and the learner computing through FSDP2's
+mixed-precision policy (``model.mixed_precision: fsdp``), on a one-rank group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+SETTINGS = {
+    "float32": [],
+    "bf16_autocast": ["model.dtype=bfloat16"],
+    "bf16_rollout_weights": ["model.dtype=bfloat16", "model.rollout_weights_dtype=bfloat16"],
+    "bf16_fsdp_learner": ["model.dtype=bfloat16", "model.mixed_precision=fsdp"],
+    "bf16_rollout_weights_fsdp_learner": [
+        "model.dtype=bfloat16",
+        "model.rollout_weights_dtype=bfloat16",
+        "model.mixed_precision=fsdp",
+    ],
+}
+
+PROMPTS = [
+    "a red circle on a blue background",
+    "a green square on a white background",
+    "a blue triangle on a yellow background",
+    "a purple star on a black background",
+]
+
+
+def _ratio_of(cfg, prompts: list[str]) -> tuple[torch.Tensor, int]:
+    from ..rollout_worker.worker import RolloutWorkerCore
+    from .distributed import join_learner_group, leave_learner_group
+    from .grpo import recompute_log_probs
+    from .trainer import LearnerCore, learner_share
+
+    fsdp = cfg.model.mixed_precision == "fsdp"
+    if fsdp:  # the learner's real path: a one-rank group
+        join_learner_group(f"127.0.0.1:{_port()}", 0, 1, cfg.model.device, 120)
+    try:
+        learner = LearnerCore(cfg, learner_share(cfg, 0))
+        worker = RolloutWorkerCore(cfg, 0)
+        version, state, checksum = learner.weights()
+        worker.load_weights(version, state, checksum)
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        _, cond, result, _ = worker.sample(0, prompts)
+        tr = result.transitions
+        with torch.no_grad():
+            lp, _, _ = recompute_log_probs(
+                learner.velocity, tr, torch.arange(len(tr)), cond, learner.spec
+            )
+        return torch.exp(lp.double().cpu() - tr.old_log_probs.double()), nbytes
+    finally:
+        if fsdp:
+            leave_learner_group()
+
+
+def _port() -> int:
+    from ..reward_server.process import free_port
+
+    return free_port()
+
+
+def bench_precision(
+    pipeline: str,
+    *,
+    settings: list[str] | None = None,
+    prompts: int = 4,
+    overrides: list[str] | None = None,
+    device: str = "cpu",
+    clip_range: float = 1e-4,
+) -> dict[str, Any]:
+    from ..common.config import load_config
+
+    settings = settings or list(SETTINGS)
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise ValueError(f"settings {unknown}: choose from {sorted(SETTINGS)}")
+    chosen = (PROMPTS * (prompts // len(PROMPTS) + 1))[:prompts]
+    base = [
+        f"model.pretrained={pipeline}",
+        f"model.device={device}",
+        f"sampling.prompts_per_worker={prompts}",
+        f"optim.clip_range={clip_range}",
+        *(overrides or []),
+    ]
+    out: dict[str, Any] = {
+        "settings": {"pipeline": str(pipeline), "prompts": prompts, "device": device},
+        "clip_range": clip_range,
+    }
+    for name in settings:
+        cfg = load_config(None, [*base, *SETTINGS[name]])
+        ratio, nbytes = _ratio_of(cfg, chosen)
+        dev = (ratio - 1).abs()
+        out[name] = {
+            "overrides": SETTINGS[name],
+            "transitions": int(ratio.numel()),
+            "published_bytes": nbytes,
+            "max_abs_ratio_minus_1": float(dev.max()),
+            "mean_abs_ratio_minus_1": float(dev.mean()),
+            "p99_abs_ratio_minus_1": float(dev.quantile(0.99)),
+            "clipped_at_first_step": float((dev > clip_range).double().mean()),
+            "max_over_clip": float(dev.max() / clip_range),
+        }
+    return out

@@ -1,0 +1,129 @@
+"""Learner checkpoints in two layouts, each readable by any number of learners:
+
+* ``it_NNNNN.pt``, one file (``torch.save``): a single learner, or a data-parallel
+  group's rank 0 (its replicas are identical) — the trained weights (the adapters of
+  a LoRA run), the optimizer state, the weight version and iteration;
+* ``it_NNNNN.dcp/``, a sharded directory (``torch.distributed.checkpoint``): an FSDP
+  learner group, every rank writing its shards of the weights and of the optimizer
+  state, keyed by parameter name, plus ``g2rpo.json`` (version, iteration), written
+  last, that marks it complete.
+
+Loading reshards: a group of any size (or one learner) reads either layout."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+SHARDED_SUFFIX = ".dcp"
+META = "g2rpo.json"
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    return Path(path).is_dir()
+
+
+def complete(path: Path) -> bool:
+    """A file checkpoint, or a sharded one whose marker was written."""
+    return path.is_file() or (path / META).is_file()
+
+
+def _alone() -> bool:
+    """No process group: one process reads a checkpoint a group wrote."""
+    import torch.distributed as dist
+
+    return not dist.is_initialized()
+
+
+@contextmanager
+def _quiet_single_process():
+    """DCP warns on every single-process load that it assumes one is meant: it is."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+        yield
+
+
+def _options(full: bool = False):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # frozen weights (a LoRA run's base) are the pipeline's, not the checkpoint's
+    return StateDictOptions(ignore_frozen_params=True, full_state_dict=full)
+
+
+def save_sharded(transformer, optimizer, directory: str | Path, meta: dict) -> None:
+    """Every rank writes its shards; rank 0 then writes the marker."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    directory = Path(directory)
+    model, optim = get_state_dict(transformer, optimizer, options=_options())
+    dcp.save({"model": model, "optim": optim}, checkpoint_id=str(directory))
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        tmp = directory / (META + ".tmp")
+        tmp.write_text(json.dumps(meta) + "\n")
+        os.replace(tmp, directory / META)
+
+
+def load_sharded(transformer, optimizer, directory: str | Path) -> dict:
+    """Load a sharded checkpoint into this rank's shards (or into a plain model and
+    optimizer, without a process group); returns its marker (version, iteration)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    directory = Path(directory)
+    if not (directory / META).is_file():
+        raise ValueError(f"{directory}: an incomplete sharded checkpoint (no {META})")
+    meta = json.loads((directory / META).read_text())
+    model, optim = get_state_dict(transformer, optimizer, options=_options())
+    with _quiet_single_process():
+        dcp.load({"model": model, "optim": optim}, checkpoint_id=str(directory), no_dist=_alone())
+    set_state_dict(
+        transformer, optimizer, model_state_dict=model, optim_state_dict=optim, options=_options()
+    )
+    return meta
+
+
+def load_full_into_shards(transformer, optimizer, weights: dict, optimizer_state: dict) -> None:
+    """A one-file checkpoint's full weights and (index-keyed) optimizer state into an
+    FSDP-sharded transformer and its optimizer: each rank keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    set_model_state_dict(transformer, weights, options=_options(full=True))
+    names = [n for n, p in transformer.named_parameters() if p.requires_grad]
+    by_name = {
+        "state": {names[i]: s for i, s in optimizer_state["state"].items()},
+        "param_groups": [
+            {**g, "params": [names[i] for i in g["params"]]}
+            for g in optimizer_state["param_groups"]
+        ],
+    }
+    set_optimizer_state_dict(transformer, optimizer, by_name, options=_options(full=True))
+
+
+def load_weights_into(transformer: torch.nn.Module, directory: str | Path) -> None:
+    """A sharded checkpoint's transformer weights into a plain transformer (evaluation)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = dict(transformer.state_dict())
+    with _quiet_single_process():
+        dcp.load({"model": state}, checkpoint_id=str(directory), no_dist=_alone())
+    transformer.load_state_dict(state)
+
+
+def full_weights(transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every weight, whole and on the CPU, on rank 0 of an FSDP group (every rank
+    must call; the others get an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(
+        transformer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )

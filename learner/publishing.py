@@ -1,0 +1,151 @@
+"""Publishing a weight version to the rollout workers, by ``train.weight_transport``:
+
+* ``object_store``: learner rank 0 puts the version once into Ray's object store
+  and every worker fetches it;
+* ``collective``: learner rank 0 broadcasts it over a process group of its own with
+  the workers (``weight_sync``; NCCL between GPUs, gloo on CPU). The group is formed
+  on first use and again whenever a worker was restarted; a broadcast that fails
+  (a worker died in it) falls back to the object store for that version.
+
+Either way every worker verifies the version and checksum it loaded, and a worker
+that dies or is stuck past ``train.rollout_timeout_s`` is restarted by Ray and loads
+the version from the object store. The evaluator always loads from the object store
+(off the critical path, and only when it evaluates)."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+
+import ray
+
+from .cluster import RunActors, call_with_restart
+
+
+class Published:
+    """A version the learner published: what an actor needs to load it. The object
+    ref of a broadcast version is made only when an actor outside the broadcast
+    (the evaluator, a restarted worker) needs it."""
+
+    def __init__(self, version: int, checksum: str, nbytes: int, ref=None, learner=None):
+        self.version, self.checksum, self.nbytes = version, checksum, nbytes
+        self._ref, self._learner = ref, learner
+        self.via = "object_store" if ref is not None else "collective"
+
+    def object_ref(self):
+        if self._ref is None:
+            (self._ref,) = ray.get(self._learner.rank0.put_weights.remote(self.version))
+        return self._ref
+
+    def load_on(self, actor):
+        return actor.load_weights.remote(self.version, self.object_ref(), self.checksum)
+
+
+def load_everywhere(weights: Published, workers: list, timeout: float | None) -> None:
+    """Every worker loads ``weights`` from the object store and says which version
+    and checksum it holds; a stuck one is killed, and a dead one is restarted by Ray
+    and loads it then."""
+    pending = [weights.load_on(w) for w in workers]
+    for i, ref in enumerate(pending):
+        try:
+            got = ray.get(ref, timeout=timeout)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            if isinstance(exc, ray.exceptions.GetTimeoutError):
+                ray.kill(workers[i], no_restart=False)  # stuck: Ray restarts it
+            got = call_with_restart(weights.load_on, workers[i], timeout=timeout)
+        check_loaded(i, got, weights)
+
+
+def check_loaded(worker: int, got, weights: Published) -> None:
+    if tuple(got) != (weights.version, weights.checksum):
+        raise RuntimeError(
+            f"worker {worker} loaded {tuple(got)}, expected {(weights.version, weights.checksum)}"
+        )
+
+
+class ObjectStorePublisher:
+    def __init__(self, actors: RunActors, timeout: float | None) -> None:
+        self.actors, self.timeout = actors, timeout
+
+    def publish(self) -> Published:
+        version, (ref,), checksum, nbytes = self.actors.learner.publish()
+        weights = Published(version, checksum, nbytes, ref=ref)
+        load_everywhere(weights, self.actors.workers, self.timeout)
+        return weights
+
+
+class BroadcastFailed(RuntimeError):
+    """A worker did not take the broadcast version."""
+
+
+class CollectivePublisher:
+    def __init__(self, actors: RunActors, timeout: float | None, collective_timeout: float):
+        self.actors, self.timeout, self.collective_timeout = actors, timeout, collective_timeout
+        self.name: str | None = None  # the group every member holds; None: form one
+        self.formed = 0  # groups formed (the first, then one after each failure)
+
+    def publish(self) -> Published:
+        learner = self.actors.learner
+        version, layout, checksum, nbytes = learner.stage_weights()
+        weights = Published(version, checksum, nbytes, learner=learner)
+        try:
+            members = self._members()  # also waits until every worker is idle
+            if self.name is None or members != [self.name] * len(members):
+                self._form()
+            self._broadcast(weights, layout)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError, BroadcastFailed) as exc:
+            print(
+                f"weight broadcast of v{version} failed ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200]}); loading it from the object store, "
+                "and forming the group again before the next version",
+                file=sys.stderr,
+            )
+            self.name = None
+            weights.via = "object_store (broadcast failed)"
+            load_everywhere(weights, self.actors.workers, self.timeout)
+        return weights
+
+    def _members(self) -> list:
+        """The group each worker holds (None after a restart), once it is idle; a
+        worker stuck past the rollout timeout is killed and restarted."""
+        names = []
+        for w in self.actors.workers:
+            try:
+                names.append(ray.get(w.weight_group.remote(), timeout=self.timeout))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                if isinstance(exc, ray.exceptions.GetTimeoutError):
+                    ray.kill(w, no_restart=False)
+                names.append(call_with_restart(lambda a: a.weight_group.remote(), w))
+        return names
+
+    def _form(self) -> None:
+        rank0, workers = self.actors.learner.rank0, self.actors.workers
+        name = uuid.uuid4().hex[:12]
+        address = ray.get(rank0.rendezvous.remote())
+        world = len(workers) + 1
+        refs = [rank0.join_weight_group.remote(name, address, 0, world)]
+        refs += [
+            w.join_weight_group.remote(name, address, i + 1, world) for i, w in enumerate(workers)
+        ]
+        ray.get(refs, timeout=self.collective_timeout)
+        self.name = name
+        self.formed += 1
+
+    def _broadcast(self, weights: Published, layout) -> None:
+        rank0, workers = self.actors.learner.rank0, self.actors.workers
+        send = rank0.broadcast_weights.remote(self.name, weights.version)
+        loads = [
+            w.receive_weights.remote(self.name, weights.version, layout, weights.checksum)
+            for w in workers
+        ]
+        got = ray.get([*loads, send], timeout=self.collective_timeout)
+        for i, answer in enumerate(got[:-1]):
+            if tuple(answer) != (weights.version, weights.checksum):
+                raise BroadcastFailed(f"worker {i} holds {tuple(answer)} after the broadcast")
+
+
+def publisher_for(actors: RunActors, cfg):
+    t = cfg.train
+    if t.weight_transport == "collective":
+        return CollectivePublisher(actors, t.rollout_timeout_s, t.collective_timeout_s)
+    return ObjectStorePublisher(actors, t.rollout_timeout_s)

@@ -1,0 +1,132 @@
+"""Weight broadcast over a process group of its own (``train.weight_transport:
+collective``), without Ray: learner rank 0 is rank 0 here, the rollout workers
+ranks 1..W. The weights travel as a few flat buckets per dtype (one broadcast
+each) described by a ``Layout`` that the driver hands every worker beside the
+version and checksum; a worker unpacks views of the buckets, verifies the
+checksum and loads them strictly, exactly as from the object store.
+
+The group is built from a TCPStore and a gloo (CPU) or NCCL (GPU) backend
+directly, not as torch.distributed's default group: learner rank 0 already
+belongs to the learner group, and a process has only one default group (Ray's
+``ray.util.collective`` gloo groups use it too, so they cannot serve here). A
+member that died leaves the group broken; the driver forms a new one, named
+afresh, with the restarted actor."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .distributed import backend_for
+
+BUCKET_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    shape: tuple[int, ...]
+    bucket: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each tensor lies in the flat buckets: (dtype name, elements) per bucket."""
+
+    slots: tuple[Slot, ...]
+    buckets: tuple[tuple[str, int], ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            n * torch.empty(0, dtype=getattr(torch, d)).element_size() for d, n in self.buckets
+        )
+
+
+def layout_of(state: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTES) -> Layout:
+    """Tensors grouped by dtype, in name order, into buckets of at most
+    ``bucket_bytes`` (a larger tensor gets a bucket of its own)."""
+    slots, buckets = [], []
+    open_bucket: dict[torch.dtype, int] = {}
+    for name in sorted(state):
+        t = state[name]
+        dtype, n = t.dtype, t.numel()
+        b = open_bucket.get(dtype)
+        if b is None or (buckets[b][1] + n) * t.element_size() > bucket_bytes:
+            b = len(buckets)
+            buckets.append([str(dtype).removeprefix("torch."), 0])
+            open_bucket[dtype] = b
+        slots.append(Slot(name, tuple(t.shape), b, buckets[b][1]))
+        buckets[b][1] += n
+    return Layout(tuple(slots), tuple((d, n) for d, n in buckets))
+
+
+def pack(state: dict[str, torch.Tensor], layout: Layout, device) -> list[torch.Tensor]:
+    buffers = empty_buffers(layout, device)
+    for s in layout.slots:
+        flat = state[s.name].detach().reshape(-1)
+        buffers[s.bucket][s.offset : s.offset + flat.numel()].copy_(flat)
+    return buffers
+
+
+def empty_buffers(layout: Layout, device) -> list[torch.Tensor]:
+    return [torch.empty(n, dtype=getattr(torch, d), device=device) for d, n in layout.buckets]
+
+
+def unpack(buffers: list[torch.Tensor], layout: Layout) -> dict[str, torch.Tensor]:
+    """Views of the buckets, one per tensor (no copy)."""
+    out = {}
+    for s in layout.slots:
+        n = 1
+        for d in s.shape:
+            n *= d
+        out[s.name] = buffers[s.bucket][s.offset : s.offset + n].view(s.shape)
+    return out
+
+
+class WeightGroup:
+    """One member of a weight-broadcast group. Rank 0 hosts the rendezvous store
+    at ``address`` (host:port); every member's constructor blocks until all
+    ``world`` members joined."""
+
+    def __init__(
+        self, name: str, address: str, rank: int, world: int, device: str, timeout_s: float
+    ) -> None:
+        host, port = address.rsplit(":", 1)
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore(
+            host, int(port), world, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+        )
+        self._store = store  # the master's socket must outlive the group's setup
+        prefixed = dist.PrefixStore(f"g2rpo-weights/{name}", store)
+        self.name, self.rank, self.world = name, rank, world
+        self.device = torch.device(device)
+        if backend_for(device) == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            torch.cuda.set_device(self.device)
+            self.pg = dist.ProcessGroupNCCL(prefixed, rank, world, options)
+        else:
+            self.pg = dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+
+    def broadcast(self, buffers: list[torch.Tensor]) -> None:
+        """Rank 0's buffers into every member's (same layout), one bucket at a time."""
+        for buf in buffers:
+            self.pg.broadcast(buf, 0).wait()
+
+    def send(self, state: dict[str, torch.Tensor], layout: Layout) -> None:
+        self.broadcast(pack(state, layout, self.device))
+
+    def receive(self, layout: Layout) -> dict[str, torch.Tensor]:
+        buffers = empty_buffers(layout, self.device)
+        self.broadcast(buffers)
+        return unpack(buffers, layout)
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):  # a broken group: dropping it is all
+            self.pg.abort()

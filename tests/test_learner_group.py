@@ -1,0 +1,128 @@
+"""A learner group of 2 Ray actors in one gloo group (FSDP2 for a full fine-tune,
+data parallel for LoRA) against one learner in this process, on the same batch;
+checkpoints written by one size of group read by another."""
+
+import os
+
+import pytest
+import ray
+import torch
+from g2rpo.common.config import load_config
+from g2rpo.learner.group import LearnerGroup
+from g2rpo.learner.placement import actor_options
+from g2rpo.learner.trainer import LearnerCore
+from g2rpo.rollout_worker.plan import algorithm_nfe
+from g2rpo.rollout_worker.worker import RolloutWorkerCore, Trajectories
+from small_run import SMALL_RUN
+
+PROMPTS = [
+    "a red circle on a blue background",
+    "a green square on a white background",
+    "a blue triangle on a red background",
+    "a yellow star on a black background",
+]
+LORA = ["model.lora.rank=4", "model.lora.alpha=8", "optim.lr=1e-3"]
+
+
+@pytest.fixture(scope="module")
+def ray_two_learners():
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _cfg(world, *extra):
+    return load_config(None, [*SMALL_RUN, f"model.pretrained={world / 'pipeline'}", *extra])
+
+
+def _batches(cfg) -> list[Trajectories]:
+    """Two workers' rollouts of iteration 0, with fixed made-up rewards (the update's
+    input: what the rewards are does not matter here, only that both sides get them)."""
+    out = []
+    for w in range(2):
+        plan, cond, result, _ = RolloutWorkerCore(cfg, w).sample(0, PROMPTS[2 * w : 2 * w + 2])
+        rewards = torch.rand(len(plan.leaves), generator=torch.Generator().manual_seed(w))
+        out.append(
+            Trajectories(
+                worker=w,
+                iteration=0,
+                version=0,
+                prompts=PROMPTS[2 * w : 2 * w + 2],
+                plan=plan,
+                transitions=result.transitions,
+                cond=cond,
+                leaf_rewards={"shapes_clip": rewards},
+                nfe=result.nfe,
+                model_calls=result.model_calls,
+                nfe_algorithm=algorithm_nfe(plan),
+            )
+        )
+    return out
+
+
+def _group(cfg) -> LearnerGroup:
+    group = LearnerGroup(cfg, actor_options(1, 0, {}))
+    group.form()
+    ray.get(group.ready_refs())
+    return group
+
+
+def _published(group) -> dict[str, torch.Tensor]:
+    _, (ref,), _, _ = group.publish()
+    return ray.get(ref)
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert sorted(a) == sorted(b)
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_two_rank_update_equals_one_rank_update(ray_two_learners, quick_world, mode, tmp_path):
+    extra = LORA if mode == "lora" else []
+    cfg = _cfg(quick_world, *extra)
+    batches = _batches(cfg)
+    one = LearnerCore(cfg)
+    before = one.trained_state()
+    stats_one = one.update(batches)
+    group = _group(_cfg(quick_world, "train.learners=2", *extra))
+    try:
+        stats_two = group.update(batches)
+        after_two = _published(group)
+        after_one = one.trained_state()
+        assert _max_diff(after_one, after_two) <= 1e-5
+        assert _max_diff(before, after_one) > 1e-4  # the update moved the weights
+        for key in ("ratio_min", "ratio_max", "ratio_mean", "clip_fraction", "grad_norm"):
+            assert stats_two[key] == pytest.approx(stats_one[key], rel=1e-5, abs=1e-7), key
+        assert stats_two["loss"] == pytest.approx(stats_one["loss"], abs=1e-7)
+        for key in ("nfe_learn", "transitions", "optimizer_steps"):
+            assert stats_two[key] == stats_one[key], key
+
+        # checkpoints: the group's read by one learner, one learner's by the group
+        if mode == "full":
+            shards = tmp_path / "it_00001.dcp"
+            group.save(str(shards))
+            assert sorted(p.name for p in shards.glob("*.distcp")) == [
+                "__0_0.distcp",
+                "__1_0.distcp",
+            ]  # each rank wrote its shards
+        else:
+            shards = tmp_path / "it_00001.pt"  # data-parallel replicas: rank 0 writes one file
+            group.save(str(shards))
+        alone = LearnerCore(cfg)
+        assert alone.load(str(shards)) == 1 and alone.version == 1
+        assert _max_diff(alone.trained_state(), after_two) == 0.0
+        moments = [s["exp_avg_sq"] for s in alone.optimizer.state_dict()["state"].values()]
+        reference = [s["exp_avg_sq"] for s in one.optimizer.state_dict()["state"].values()]
+        assert len(moments) == len(reference) == len(one.trainable)
+        assert (
+            max(float((a - b).abs().max()) for a, b in zip(moments, reference, strict=True)) < 1e-9
+        )
+
+        single = tmp_path / "single.pt"
+        torch.save(one.state_dict(), single)
+        assert group.load(str(single)) == 1
+        assert _max_diff(_published(group), after_one) == 0.0
+    finally:
+        group.kill()

@@ -1,0 +1,146 @@
+"""Training with a learner group of 2 (FSDP2 over gloo) on a real local Ray: exact
+resume, resume on another number of learners, and the fault tests (a rollout worker
+killed under broadcast weights, a worker frozen past the rollout timeout) against a
+calm run of the same group."""
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+import ray
+from g2rpo.learner.driver import read_metrics, train
+from small_run import SMALL_RUN
+
+TWO = ["train.learners=2"]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(  # 2 workers, 2 learners, the job's reward replica, evaluator: 1 CPU each
+        num_cpus=6, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20
+    )
+    yield
+    ray.shutdown()
+
+
+def _run(world, out, name, iterations, extra=(), **kw):
+    over = [
+        *SMALL_RUN,
+        f"model.pretrained={world / 'pipeline'}",
+        f"run.output_dir={out}",
+        f"run.name={name}",
+        f"run.iterations={iterations}",
+        f"train.reward.scorers=[shapes_clip={world / 'shapes_clip'}]",
+        *TWO,
+        *extra,
+    ]
+    return train(None, over, progress=False, **kw)
+
+
+def _strip(rows):
+    """What a run computed: no timings, and not how the weights travelled."""
+    drop = ("weights_via", "weight_groups_formed")
+    return [
+        {k: v for k, v in r.items() if not k.startswith("time/") and k not in drop} for r in rows
+    ]
+
+
+@pytest.fixture(scope="module")
+def calm(ray_local, quick_world, tmp_path_factory):
+    """The uninterrupted 3-iteration run of a 2-learner group."""
+    run = _run(quick_world, tmp_path_factory.mktemp("calm"), "calm", 3)
+    return _strip(read_metrics(run))
+
+
+def test_two_learner_run_resumes_exactly_and_on_one_learner(calm, quick_world, tmp_path):
+    part = _run(quick_world, tmp_path, "part", 3, max_iterations=2)
+    ckpts = sorted(p.name for p in (part / "checkpoints").iterdir())
+    assert ckpts == ["it_00001.dcp", "it_00002.dcp"]  # sharded: each rank wrote its part
+    assert len(json.loads((part / "actors.json").read_text())["learners"]) == 2
+    alone = tmp_path / "alone"
+    shutil.copytree(part, alone)
+
+    train(None, [], resume=part, progress=False)
+    assert _strip(read_metrics(part)) == calm  # bitwise, as one learner resumes
+
+    train(None, ["train.learners=1"], resume=alone, progress=False)
+    rows = _strip(read_metrics(alone))
+    assert rows[:2] == calm[:2]
+    # iteration 2 samples with the weights the group checkpointed, loaded exactly
+    # into one learner: the same rollouts and rewards; its update sums in another
+    # order (one rank), so the learner's numbers agree to rounding
+    for key in ("reward/shapes_clip", "anchor_reward/shapes_clip", "eval/shapes_clip"):
+        assert rows[2][key] == calm[2][key], key
+    assert rows[2]["loss"] == pytest.approx(calm[2]["loss"], abs=1e-7)
+    assert rows[2]["ratio_max"] == pytest.approx(calm[2]["ratio_max"], rel=1e-5)
+    assert (alone / "checkpoints" / "it_00003.pt").is_file()
+    assert (alone / "final" / "transformer").is_dir()
+
+
+def _when_first_row(run_dir, act):
+    """Run ``act(actors.json record)`` once the run logged its first iteration."""
+    done: dict = {}
+
+    def watch():
+        metrics, actors = run_dir / "metrics.jsonl", run_dir / "actors.json"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if metrics.exists() and metrics.read_text().strip() and actors.exists():
+                time.sleep(0.3)  # into the next iteration
+                done.update(act(json.loads(actors.read_text())))
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread, done
+
+
+def test_worker_killed_under_broadcast_weights_changes_nothing(calm, quick_world, tmp_path):
+    """A rollout worker killed in a 2-learner run whose weights travel by broadcast:
+    Ray restarts it, the broadcast group is formed again with it, its share is redone,
+    and the run computes exactly what the calm run did."""
+
+    def kill(record):
+        pid = record["rollout_workers"][1]
+        os.kill(pid, signal.SIGKILL)
+        return {"pid": pid}
+
+    thread, killed = _when_first_row(tmp_path / "killed", kill)
+    run = _run(quick_world, tmp_path, "killed", 3, ["train.weight_transport=collective"])
+    thread.join(timeout=5)
+    assert "pid" in killed
+    record = json.loads((run / "actors.json").read_text())
+    assert record["rollout_workers"][1] != killed["pid"]  # Ray restarted it
+    rows = read_metrics(run)
+    assert rows[0]["weights_via"] == "collective"
+    assert rows[-1]["weight_groups_formed"] == 2  # the first group, then one with the new actor
+    assert _strip(rows) == calm
+
+
+def test_frozen_worker_in_a_two_learner_group_is_restarted_and_redone_once(
+    calm, quick_world, tmp_path
+):
+    """A rollout worker frozen mid-run (SIGSTOP) holds the iteration only until
+    train.rollout_timeout_s: it is killed, Ray restarts it, its share is redone once,
+    and the group's numbers are those of the calm run (nothing trained twice or lost)."""
+
+    def freeze(record):
+        pid = record["rollout_workers"][0]
+        os.kill(pid, signal.SIGSTOP)
+        return {"pid": pid}
+
+    thread, frozen = _when_first_row(tmp_path / "frozen", freeze)
+    run = _run(quick_world, tmp_path, "frozen", 3, ["train.rollout_timeout_s=20"])
+    thread.join(timeout=5)
+    assert "pid" in frozen
+    record = json.loads((run / "actors.json").read_text())
+    assert record["rollout_workers"][0] != frozen["pid"]  # killed and restarted by Ray
+    rows = _strip(read_metrics(run))
+    assert [r["transitions"] for r in rows] == [r["transitions"] for r in calm]
+    assert rows == calm
