@@ -165,14 +165,38 @@ def _cmd_bench_weights(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_list(text: str) -> list[int]:
+def _cmd_bench_precision(args: argparse.Namespace) -> int:
+    from g2rpo.common.config import ConfigError
+    from g2rpo.learner.bench_precision import bench_precision
+
     try:
-        values = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers, comma-separated") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: every count must be >= 1")
-    return values
+        result = bench_precision(
+            args.config,
+            args.set,
+            settings=args.settings.split(",") if args.settings else None,
+            prompts=args.prompts,
+            device=args.device,
+        )
+    except (ValueError, ConfigError) as exc:
+        print(f"g2rpo bench precision: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    s = result["settings"]
+    print(
+        f"PPO ratio before any update, rollout vs learner: {s['transitions']} SDE transitions "
+        f"of {s['prompts']} prompts ({s['config']}, {s['device']}); clip range {s['clip_range']}"
+    )
+    for name, r in result.items():
+        if name == "settings":
+            continue
+        print(
+            f"  {name:34s} max |r-1| {r['max_abs_ratio_minus_1']:.2e} "
+            f"({r['max_over_clip']:.2f} of the clip), mean {r['mean_abs_ratio_minus_1']:.2e}, "
+            f"clipped {r['clipped_at_first_step']:.1%}, {r['published_bytes'] / 2**20:.2f} MiB"
+        )
+    return 0
 
 
 def add_bench_parsers(sub) -> None:
@@ -260,7 +284,7 @@ def add_bench_parsers(sub) -> None:
     )
     wt.add_argument("--sizes", default="test,bench", help="model presets, comma-separated")
     wt.add_argument(
-        "--workers", type=_int_list, default=[1, 2], help="worker counts, comma-separated"
+        "--workers", type=int_list, default=[1, 2], help="worker counts, comma-separated"
     )
     wt.add_argument(
         "--modes", default="full,full_bf16,lora", help="full, full_bf16, lora (comma-separated)"
@@ -270,3 +294,14 @@ def add_bench_parsers(sub) -> None:
     wt.add_argument("--device", default="cpu")
     wt.add_argument("--json", action="store_true")
     wt.set_defaults(func=_cmd_bench_weights)
+    pr = bench_sub.add_parser(
+        "precision",
+        help="PPO ratio before any update under each precision setting (rollout vs learner)",
+    )
+    pr.add_argument("--config", default="configs/tiny.yaml", help="base run config")
+    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pr.add_argument("--settings", default=None, help="comma-separated (default: all)")
+    pr.add_argument("--prompts", type=int, default=8, help="train prompts rolled out")
+    pr.add_argument("--device", default=None, help="cpu | cuda (default: the config's)")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=_cmd_bench_precision)

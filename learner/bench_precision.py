@@ -30,13 +30,6 @@ SETTINGS = {
     ],
 }
 
-PROMPTS = [
-    "a red circle on a blue background",
-    "a green square on a white background",
-    "a blue triangle on a yellow background",
-    "a purple star on a black background",
-]
-
 
 def _ratio_of(cfg, prompts: list[str]) -> tuple[torch.Tensor, int]:
     from ..rollout_worker.worker import RolloutWorkerCore
@@ -72,44 +65,51 @@ def _port() -> int:
 
 
 def bench_precision(
-    pipeline: str,
+    config: str | None,
+    overrides: list[str] | None = None,
     *,
     settings: list[str] | None = None,
-    prompts: int = 4,
-    overrides: list[str] | None = None,
-    device: str = "cpu",
-    clip_range: float = 1e-4,
+    prompts: int = 8,
+    device: str | None = None,
 ) -> dict[str, Any]:
+    """Every setting on ``config`` (+ ``overrides``): the ratio statistics of one
+    rollout of ``prompts`` train prompts."""
     from ..common.config import load_config
+    from ..common.prompts import read_prompts
 
     settings = settings or list(SETTINGS)
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         raise ValueError(f"settings {unknown}: choose from {sorted(SETTINGS)}")
-    chosen = (PROMPTS * (prompts // len(PROMPTS) + 1))[:prompts]
-    base = [
-        f"model.pretrained={pipeline}",
-        f"model.device={device}",
-        f"sampling.prompts_per_worker={prompts}",
-        f"optim.clip_range={clip_range}",
-        *(overrides or []),
-    ]
+    if prompts < 1:
+        raise ValueError(f"prompts must be >= 1, got {prompts}")
+    base = [*(overrides or []), f"sampling.prompts_per_worker={prompts}"]
+    if device is not None:
+        base.append(f"model.device={device}")
+    cfg = load_config(config, base)
+    chosen = read_prompts(cfg.train.prompts, "train.prompts")[:prompts]
+    if len(chosen) < prompts:
+        raise ValueError(f"prompts={prompts}, but train.prompts holds {len(chosen)}")
+    clip = cfg.optim.clip_range
     out: dict[str, Any] = {
-        "settings": {"pipeline": str(pipeline), "prompts": prompts, "device": device},
-        "clip_range": clip_range,
+        "settings": {
+            "config": str(config),
+            "prompts": prompts,
+            "device": cfg.model.device,
+            "clip_range": clip,
+        }
     }
     for name in settings:
-        cfg = load_config(None, [*base, *SETTINGS[name]])
-        ratio, nbytes = _ratio_of(cfg, chosen)
+        ratio, nbytes = _ratio_of(load_config(config, [*base, *SETTINGS[name]]), chosen)
         dev = (ratio - 1).abs()
+        out["settings"]["transitions"] = int(ratio.numel())
         out[name] = {
             "overrides": SETTINGS[name],
-            "transitions": int(ratio.numel()),
             "published_bytes": nbytes,
             "max_abs_ratio_minus_1": float(dev.max()),
             "mean_abs_ratio_minus_1": float(dev.mean()),
             "p99_abs_ratio_minus_1": float(dev.quantile(0.99)),
-            "clipped_at_first_step": float((dev > clip_range).double().mean()),
-            "max_over_clip": float(dev.max() / clip_range),
+            "clipped_at_first_step": float((dev > clip).double().mean()),
+            "max_over_clip": float(dev.max() / clip),
         }
     return out

@@ -175,6 +175,8 @@ def bench_weights(
     sizes = sizes or ["test", "bench"]
     counts = [workers] if isinstance(workers, int) else list(workers)
     modes = modes or list(MODES)
+    if not counts or min(counts) < 1:
+        raise ValueError(f"workers {counts}: every count must be >= 1")
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         raise ValueError(f"modes {unknown}: choose from {sorted(MODES)}")

@@ -177,6 +177,37 @@ def test_bench_weights_refuses_an_unknown_mode():
     assert out.returncode == 2 and "fp8" in out.stderr and "full_bf16" in out.stderr
 
 
+def test_bench_precision_measures_the_ratio_before_any_update(quick_world):
+    """float32 on both sides reproduces the rollout's log-probs; bf16 rollout weights
+    halve the bytes pushed and move the ratio off 1 (what the docs measure);
+    FSDP2's mixed-precision learner runs on a one-rank group."""
+    settings = "float32,bf16_rollout_weights,bf16_fsdp_learner"
+    out = run(
+        "bench",
+        "precision",
+        "--set",
+        f"model.pretrained={quick_world / 'pipeline'}",
+        "--prompts",
+        "2",
+        "--settings",
+        settings,
+        "--json",
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    fp32, half, fsdp = (result[name] for name in settings.split(","))
+    assert result["settings"]["transitions"] == 2 * 4 * 8  # prompts x SDE steps x G (tiny.yaml)
+    assert fp32["max_abs_ratio_minus_1"] < 1e-5  # only batch composition could differ
+    assert half["published_bytes"] * 2 == fp32["published_bytes"] == fsdp["published_bytes"]
+    assert half["max_abs_ratio_minus_1"] > fp32["max_abs_ratio_minus_1"]
+    for r in (fp32, half, fsdp):
+        assert 0 <= r["clipped_at_first_step"] <= 1
+        assert r["max_over_clip"] == pytest.approx(r["max_abs_ratio_minus_1"] / 1e-4)
+    bad = run("bench", "precision", "--settings", "fp8", timeout=120)
+    assert bad.returncode == 2 and "fp8" in bad.stderr and "bf16_autocast" in bad.stderr
+
+
 def test_bench_reward_serves_a_random_model_of_a_published_size():
     out = run(
         "bench",
