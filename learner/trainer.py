@@ -103,12 +103,14 @@ class LearnerCore:
         self.cfg, self.share = cfg, share
         cfg.model.check_trainable()
         path = resolve_path(cfg.model.pretrained)
+        # a sharded learner stays on the CPU until fully_shard moves each block's
+        # shard to the device, so no rank ever holds the whole model there
         self.transformer = FluxTransformer2DModel.from_pretrained(
             path,
             subfolder="transformer",
             local_files_only=True,
             torch_dtype=cfg.model.base_weights_dtype(),
-        ).to(cfg.model.device)
+        ).to("cpu" if share.lockstep else cfg.model.device)
         self.lora = cfg.model.lora is not None
         attach_lora(self.transformer, cfg)
         self.transformer.train()
