@@ -182,7 +182,8 @@ def evaluate_runs(
         if view != "budget"
         and sources[run.name, view].as_dict() == sources[run.name, "budget"].as_dict()
     ]
-    todo = [item for item in todo if item not in copies]
+    copied = {(run.name, view) for run, view in copies}
+    todo = [(run, view) for run, view in todo if (run.name, view) not in copied]
     base_dir = spec.root / "base"
     scorers = base_summary = None
     base: dict[str, SplitSamples] | None = None

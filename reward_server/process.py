@@ -80,17 +80,13 @@ class RewardServerProcess:
         return self.proc.stdout.read() if self.proc.stdout else ""
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"reward server exited at start: {self.output_tail().strip()}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"reward server not ready in {timeout:.0f} s")
+        wait_http_ready(
+            f"{self.url}/readyz",
+            self.proc,
+            timeout,
+            exited=lambda: f"reward server exited at start: {self.output_tail().strip()}",
+            what="reward server",
+        )
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -104,3 +100,19 @@ class RewardServerProcess:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:  # stuck shutting down: it must not keep the port
                 self.kill()
+
+
+def wait_http_ready(url: str, proc, timeout: float, *, exited, what: str) -> None:
+    """Poll ``url`` until it answers 200; raise if ``proc`` exits first (with the
+    message ``exited()`` builds) or after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(exited())
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} not ready in {timeout:.0f} s")

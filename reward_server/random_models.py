@@ -54,7 +54,7 @@ def random_clip_dir(out: str | Path, size: str, seed: int = 0) -> Path:
     import torch
     from transformers import CLIPConfig, CLIPModel
 
-    from .convert import _image_processor
+    from .convert import openclip_image_processor
 
     if size not in SIZES:
         raise ValueError(f"--random-model must be one of {', '.join(SIZES)}, got {size!r}")
@@ -67,7 +67,7 @@ def random_clip_dir(out: str | Path, size: str, seed: int = 0) -> Path:
     out = Path(out)
     CLIPModel(config).save_pretrained(out)
     byte_level_clip_tokenizer().save_pretrained(out)
-    _image_processor(spec["vision"]["image_size"], None, None).save_pretrained(out)
+    openclip_image_processor(spec["vision"]["image_size"], None, None).save_pretrained(out)
     return out
 
 

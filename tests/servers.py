@@ -72,18 +72,15 @@ class PrometheusServer:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        import httpx
+        from g2rpo.reward_server.process import wait_http_ready
 
-        for _ in range(300):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: see {self.log.name}")
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("prometheus did not become ready")
+        wait_http_ready(
+            f"{self.url}/-/ready",
+            self.proc,
+            30.0,
+            exited=lambda: f"prometheus exited: see {self.log.name}",
+            what="prometheus",
+        )
 
     def query(self, expr: str) -> list:
         import httpx

@@ -49,7 +49,7 @@ def _openclip_arch(kind: str, openclip_config: Path | None):
     return arch, mean, std, resize
 
 
-def _image_processor(size: int, mean, std, resize: str = "shortest"):
+def openclip_image_processor(size: int, mean, std, resize: str = "shortest"):
     """open_clip's eval transform: bicubic resize (shortest side, or ``squash`` to a
     square), centre crop, OpenAI mean/std unless the model says otherwise."""
     from transformers.models.clip import CLIPImageProcessorPil
@@ -97,7 +97,7 @@ def convert_reward(
             pad_token_id=tok.pad_token_id,
         )
         model = ImageRewardModel(config)
-        processor = _image_processor(config.vision_config["image_size"], None, None)
+        processor = openclip_image_processor(config.vision_config["image_size"], None, None)
     else:
         from dataclasses import replace
 
@@ -115,7 +115,7 @@ def convert_reward(
         model = CLIPModel(config)
         t = config.text_config
         tok = clip_tokenizer(tokenizer, t.max_position_embeddings, t.vocab_size, what)
-        processor = _image_processor(config.vision_config.image_size, mean, std, resize)
+        processor = openclip_image_processor(config.vision_config.image_size, mean, std, resize)
     dtypes = {str(v.dtype).removeprefix("torch.") for v in weights.values()}
     model.load_state_dict(weights, strict=True, assign=True)
     out.mkdir(parents=True, exist_ok=True)
