@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .config_train import TrainConfig, _Strict
+from .config_train import Section, TrainConfig
 
 
 class ConfigError(ValueError):
@@ -31,7 +31,7 @@ FLUX_LORA_TARGETS = [
 ]
 
 
-class LoraOptions(_Strict):
+class LoraOptions(Section):
     """Train low-rank adapters (peft) instead of the whole transformer; the learner
     then publishes, checkpoints and exports the adapters only."""
 
@@ -53,7 +53,7 @@ class LoraOptions(_Strict):
         return v
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Section):
     pretrained: str | None = Field(
         None,
         description="Local diffusers pipeline directory; None = the built-in random test model",
@@ -88,16 +88,30 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _precision(self) -> ModelConfig:
-        if self.rollout_weights_dtype == "bfloat16" and self.dtype != "bfloat16":
-            raise ValueError(
-                "rollout_weights_dtype bfloat16 needs dtype bfloat16 (the rollout computes in "
-                f"model.dtype; got dtype {self.dtype})"
-            )
-        if self.mixed_precision == "fsdp" and self.lora is not None:
-            raise ValueError(
-                "mixed_precision fsdp shards a full fine-tune; a LoRA run (model.lora) holds "
-                "its base in model.dtype already: use mixed_precision autocast"
-            )
+        if self.rollout_weights_dtype == "bfloat16":
+            if self.dtype != "bfloat16":
+                raise ValueError(
+                    "model.rollout_weights_dtype bfloat16 needs model.dtype bfloat16 (the "
+                    f"rollout computes in model.dtype; got {self.dtype})"
+                )
+            if self.lora is not None:
+                raise ValueError(
+                    "model.rollout_weights_dtype bfloat16 is for a full fine-tune's published "
+                    "weights; a LoRA run (model.lora) already holds its base in model.dtype "
+                    "and publishes its adapters in float32"
+                )
+        if self.mixed_precision == "fsdp":
+            if self.lora is not None:
+                raise ValueError(
+                    "model.mixed_precision fsdp shards a full fine-tune; a LoRA run "
+                    "(model.lora) holds its base in model.dtype already: use autocast"
+                )
+            if self.dtype == "float32":
+                raise ValueError(
+                    "model.mixed_precision fsdp computes in model.dtype, which is float32: "
+                    "there is nothing to mix (set model.dtype bfloat16, or use autocast; "
+                    "train.learners > 1 shards with FSDP2 either way)"
+                )
         return self
 
     def check_trainable(self) -> None:
@@ -130,7 +144,7 @@ class ModelConfig(_Strict):
         return None if self.dtype == "float32" else getattr(torch, self.dtype)
 
 
-class SamplingConfig(_Strict):
+class SamplingConfig(Section):
     num_steps: int = Field(16, ge=2, le=1000, description="T, the sampling grid length")
     shift: float = Field(3.0, gt=0, description="SD3/FLUX static time shift")
     eta: float = Field(0.7, ge=0, description="SDE noise level η")
@@ -173,25 +187,25 @@ class SamplingConfig(_Strict):
         return self
 
 
-class DanceGRPOOptions(_Strict):
+class DanceGRPOOptions(Section):
     timestep_fraction: float = Field(0.6, gt=0, le=1, description="fraction of steps trained")
 
 
-class FlowGRPOOptions(_Strict):
+class FlowGRPOOptions(Section):
     train_fraction: float = Field(0.99, gt=0, le=1, description="first int(T·f) steps trained")
     kl_beta: float = Field(0.0, ge=0, description="KL to the initial model")
     init_same_noise: bool = False
     adv_std: Literal["group", "global"] = "group"
 
 
-class MixGRPOOptions(_Strict):
+class MixGRPOOptions(Section):
     window_size: int = Field(4, ge=1)
     shift_every: int = Field(25, ge=1, description="iterations per window position")
     stride: int = Field(1, ge=0, description="window advance per move")
     roll_back: bool = True
 
 
-class AlgorithmConfig(_Strict):
+class AlgorithmConfig(Section):
     name: Literal["g2rpo", "dancegrpo", "flowgrpo", "mixgrpo"] = "g2rpo"
     dancegrpo: DanceGRPOOptions = Field(default_factory=DanceGRPOOptions)
     flowgrpo: FlowGRPOOptions = Field(default_factory=FlowGRPOOptions)
@@ -199,7 +213,7 @@ class AlgorithmConfig(_Strict):
     control: bool = Field(False, description="shuffle advantages within each group (control run)")
 
 
-class OptimConfig(_Strict):
+class OptimConfig(Section):
     lr: float = Field(2e-6, gt=0)
     weight_decay: float = Field(1e-4, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
@@ -221,12 +235,12 @@ class OptimConfig(_Strict):
     )
 
 
-class RewardSpec(_Strict):
+class RewardSpec(Section):
     name: str
     weight: float = 1.0
 
 
-class RunConfig(_Strict):
+class RunConfig(Section):
     name: str = "run"
     seed: int = 42
     iterations: int = Field(100, ge=1, description="at most this many iterations")
@@ -239,7 +253,7 @@ class RunConfig(_Strict):
     output_dir: str = "runs"
 
 
-class G2RPOConfig(_Strict):
+class G2RPOConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)

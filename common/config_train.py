@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
-class _Strict(BaseModel):
+class Section(BaseModel):
     """Unknown keys are errors; assignments are validated (shared by every section)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -27,7 +27,7 @@ def _check_resources(v: Resources) -> Resources:
     return v
 
 
-class RewardServiceConfig(_Strict):
+class RewardServiceConfig(Section):
     urls: list[str] = Field(default_factory=list, description="static replica URLs")
     redis_url: str | None = Field(None, description="discover replicas in this Redis")
     replicas: int | None = Field(
@@ -70,7 +70,7 @@ class RewardServiceConfig(_Strict):
         return _check_resources(v)
 
 
-class TrainConfig(_Strict):
+class TrainConfig(Section):
     workers: int = Field(1, ge=1, description="rollout worker actors")
     worker_num_cpus: float = Field(1.0, ge=0)
     worker_num_gpus: float = Field(0.0, ge=0)

@@ -9,24 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from ..common.config import ConfigError, G2RPOConfig, apply_override, load_config
+from ..common.config_train import Section
 from ..rollout_worker.worker import resolve_path
 
 CONTROL = "algorithm.control=true"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class MethodSpec(_Strict):
+class MethodSpec(Section):
     set: list[str] = Field(default_factory=list, description="overrides of this method")
     label: str | None = Field(None, description="name in tables and plots")
 
 
-class BudgetSpec(_Strict):
+class BudgetSpec(Section):
     nfe: int | None = Field(None, ge=1, description="training NFEs per run (equal compute)")
     iterations: int | None = Field(None, ge=1, description="iterations per run")
     also_at_iterations: int | None = Field(
@@ -40,7 +37,7 @@ class BudgetSpec(_Strict):
         return self
 
 
-class EvalOptions(_Strict):
+class EvalOptions(Section):
     splits: list[str] = Field(default_factory=lambda: ["held_out", "train"])
     prompts_per_split: int = Field(40, ge=1)
     samples_per_prompt: int = Field(8, ge=1)
@@ -53,7 +50,7 @@ class EvalOptions(_Strict):
     )
 
 
-class CompareSpec(_Strict):
+class CompareSpec(Section):
     name: str
     output_dir: str = "runs/compare"
     base_config: str = Field("configs/tiny.yaml", description="every run starts from it")

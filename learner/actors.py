@@ -60,7 +60,10 @@ class RolloutWorker(WeightGroupMember):
         """Take a broadcast version (verified and loaded as from the object store)."""
         if self.weight_group() != name:
             raise RuntimeError(f"worker {self.worker} is not in weight group {name}")
-        return self.core.load_weights(version, self._weights.receive(layout), checksum)
+        # receive before touching the core: a restarted worker loads its pipeline
+        # after the broadcast, not while the group waits for it
+        state = self._weights.receive(layout)
+        return self.core.load_weights(version, state, checksum)
 
     def loaded(self) -> tuple[int, str | None]:
         return self.core.version, self.core.checksum
@@ -94,7 +97,6 @@ class Learner(WeightGroupMember):
         self.cfg, self._core = G2RPOConfig.model_validate(cfg), None
         self.rank, self.world = rank, world
         self._staged: dict = {}  # version -> weights (rank 0, collective transport)
-        self._weights = None  # the weight-broadcast group (rank 0, collective transport)
 
     @property
     def core(self):
@@ -104,8 +106,9 @@ class Learner(WeightGroupMember):
             self._core = LearnerCore(self.cfg, learner_share(self.cfg, self.rank))
         return self._core
 
-    def rendezvous(self) -> str:
-        """Rank 0: host:port where the group meets (a free port on this node)."""
+    def meeting_address(self) -> str:
+        """Rank 0: host:port where a group meets (the learner group, the weight
+        group): a free port on this node."""
         from .placement import free_address
 
         return free_address()

@@ -32,6 +32,7 @@ SETTINGS = {
 
 
 def _ratio_of(cfg, prompts: list[str]) -> tuple[torch.Tensor, int]:
+    from ..reward_server.process import free_port
     from ..rollout_worker.worker import RolloutWorkerCore
     from .distributed import join_learner_group, leave_learner_group
     from .grpo import recompute_log_probs
@@ -39,7 +40,7 @@ def _ratio_of(cfg, prompts: list[str]) -> tuple[torch.Tensor, int]:
 
     fsdp = cfg.model.mixed_precision == "fsdp"
     if fsdp:  # the learner's real path: a one-rank group
-        join_learner_group(f"127.0.0.1:{_port()}", 0, 1, cfg.model.device, 120)
+        join_learner_group(f"127.0.0.1:{free_port()}", 0, 1, cfg.model.device, 120)
     try:
         learner = LearnerCore(cfg, learner_share(cfg, 0))
         worker = RolloutWorkerCore(cfg, 0)
@@ -56,12 +57,6 @@ def _ratio_of(cfg, prompts: list[str]) -> tuple[torch.Tensor, int]:
     finally:
         if fsdp:
             leave_learner_group()
-
-
-def _port() -> int:
-    from ..reward_server.process import free_port
-
-    return free_port()
 
 
 def bench_precision(

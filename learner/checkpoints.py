@@ -5,8 +5,8 @@
   a LoRA run), the optimizer state, the weight version and iteration;
 * ``it_NNNNN.dcp/``, a sharded directory (``torch.distributed.checkpoint``): an FSDP
   learner group, every rank writing its shards of the weights and of the optimizer
-  state, keyed by parameter name, plus ``g2rpo.json`` (version, iteration), written
-  last, that marks it complete.
+  state, keyed by parameter name, plus ``g2rpo.json`` (version, iteration); written
+  as ``it_NNNNN.dcp.partial/`` and renamed once complete.
 
 Loading reshards: a group of any size (or one learner) reads either layout."""
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 SHARDED_SUFFIX = ".dcp"
+PARTIAL = ".partial"
 META = "g2rpo.json"
 
 
@@ -48,26 +50,36 @@ def _quiet_single_process():
         yield
 
 
-def _options(full: bool = False):
+def _options(full: bool = False, from_rank0: bool = False):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     # frozen weights (a LoRA run's base) are the pipeline's, not the checkpoint's
-    return StateDictOptions(ignore_frozen_params=True, full_state_dict=full)
+    return StateDictOptions(
+        ignore_frozen_params=True, full_state_dict=full, broadcast_from_rank0=from_rank0
+    )
 
 
 def save_sharded(transformer, optimizer, directory: str | Path, meta: dict) -> None:
-    """Every rank writes its shards; rank 0 then writes the marker."""
+    """Every rank writes its shards into ``<directory>.partial``; rank 0 then writes
+    the marker and moves it into place, so a checkpoint found under its own name is
+    always whole (a crash leaves only a ``.partial`` that pruning removes)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     directory = Path(directory)
+    partial = directory.with_name(directory.name + PARTIAL)
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if rank0:
+        shutil.rmtree(partial, ignore_errors=True)
+    if dist.is_initialized():
+        dist.barrier()
     model, optim = get_state_dict(transformer, optimizer, options=_options())
-    dcp.save({"model": model, "optim": optim}, checkpoint_id=str(directory))
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        tmp = directory / (META + ".tmp")
-        tmp.write_text(json.dumps(meta) + "\n")
-        os.replace(tmp, directory / META)
+    dcp.save({"model": model, "optim": optim}, checkpoint_id=str(partial))
+    if rank0:
+        (partial / META).write_text(json.dumps(meta) + "\n")
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(partial, directory)
 
 
 def load_sharded(transformer, optimizer, directory: str | Path) -> dict:
@@ -89,24 +101,41 @@ def load_sharded(transformer, optimizer, directory: str | Path) -> dict:
     return meta
 
 
-def load_full_into_shards(transformer, optimizer, weights: dict, optimizer_state: dict) -> None:
-    """A one-file checkpoint's full weights and (index-keyed) optimizer state into an
-    FSDP-sharded transformer and its optimizer: each rank keeps its shards."""
-    from torch.distributed.checkpoint.state_dict import (
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+def load_full_weights(transformer, weights: dict) -> None:
+    """Rank 0's full weights into every rank's FSDP shards (the other ranks pass an
+    empty dict: rank 0 broadcasts tensor by tensor, each rank keeps its shard)."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    set_model_state_dict(transformer, weights, options=_options(full=True))
-    names = [n for n, p in transformer.named_parameters() if p.requires_grad]
-    by_name = {
-        "state": {names[i]: s for i, s in optimizer_state["state"].items()},
-        "param_groups": [
-            {**g, "params": [names[i] for i in g["params"]]}
-            for g in optimizer_state["param_groups"]
-        ],
-    }
-    set_optimizer_state_dict(transformer, optimizer, by_name, options=_options(full=True))
+    set_model_state_dict(transformer, weights, options=_options(full=True, from_rank0=True))
+
+
+def load_full_into_shards(transformer, optimizer, state: dict | None) -> tuple[int, int]:
+    """A one-file checkpoint, read by rank 0 only (``state``; None elsewhere), into
+    the group's FSDP shards: weights and (index-keyed) optimizer state are broadcast
+    from rank 0. Returns (version, iteration) on every rank."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    meta = [None]
+    if state is not None:
+        meta = [(state["version"], state["iteration"])]
+    dist.broadcast_object_list(meta, src=0)
+    weights, by_name = {}, {}
+    if state is not None:
+        weights = state["transformer"]
+        names = [n for n, p in transformer.named_parameters() if p.requires_grad]
+        opt = state["optimizer"]
+        by_name = {
+            "state": {names[i]: s for i, s in opt["state"].items()},
+            "param_groups": [
+                {**g, "params": [names[i] for i in g["params"]]} for g in opt["param_groups"]
+            ],
+        }
+    load_full_weights(transformer, weights)
+    set_optimizer_state_dict(
+        transformer, optimizer, by_name, options=_options(full=True, from_rank0=True)
+    )
+    return meta[0]
 
 
 def load_weights_into(transformer: torch.nn.Module, directory: str | Path) -> None:

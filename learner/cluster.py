@@ -154,3 +154,17 @@ def call_with_restart(make_call, actor, attempts: int = 3, timeout: float | None
                 raise
             time.sleep(1.0)
     raise AssertionError("unreachable")
+
+
+def get_or_redo(ref, make_call, actor, timeout: float | None):
+    """The answer of a call already made (``ref``); if the actor died, or was stuck
+    past ``timeout`` (then it is killed), Ray restarts it and the call is made
+    again on the new one (``make_call`` brings it to the state the call needs). A
+    redo not back within ``timeout`` raises ray's GetTimeoutError."""
+    try:
+        return ray.get(ref, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        ray.kill(actor, no_restart=False)  # stuck: Ray restarts it
+    except ray.exceptions.RayActorError:
+        pass
+    return call_with_restart(make_call, actor, timeout=timeout)

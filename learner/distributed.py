@@ -21,14 +21,15 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class RankShare:
-    """Rank ``rank`` of ``world`` learners. ``lockstep``: every rank must run the
-    same number of forward/backward passes per optimizer step (FSDP gathers each
-    block's parameters in every forward), so a rank with fewer states runs padding
-    passes that add nothing to the gradient."""
+    """Rank ``rank`` of ``world`` learners. ``sharded``: FSDP2 holds the weights,
+    so every rank must run the same number of forward/backward passes per optimizer
+    step (each forward gathers every block's parameters) and a rank with fewer
+    states runs padding passes that add nothing to the gradient; otherwise the
+    ranks are data-parallel replicas (or one learner)."""
 
     rank: int = 0
     world: int = 1
-    lockstep: bool = False
+    sharded: bool = False
 
     def chunks(
         self, rows: torch.Tensor, state_index: torch.Tensor, max_states: int
@@ -36,7 +37,7 @@ class RankShare:
         """This rank's transition rows of one optimizer step, in chunks of at most
         ``max_states`` distinct states, never splitting one state's transitions. The
         step's distinct states are split into ``world`` contiguous, near-equal parts;
-        ``None`` is a padding pass (lockstep only)."""
+        ``None`` is a padding pass (sharded only)."""
         states = state_index[rows]
         unique = torch.unique(states)
         parts = torch.tensor_split(unique, self.world)
@@ -45,14 +46,10 @@ class RankShare:
             rows[torch.isin(states, mine[lo : lo + max_states])]
             for lo in range(0, mine.numel(), max_states)
         ]
-        if self.lockstep:
+        if self.sharded:
             most = max(math.ceil(p.numel() / max_states) for p in parts)
             chunks += [None] * (most - len(chunks))
         return chunks
-
-    @property
-    def distributed(self) -> bool:
-        return self.world > 1 or self.lockstep
 
 
 SINGLE = RankShare()
@@ -62,13 +59,20 @@ def backend_for(device: str) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
+def use_device(device: str) -> None:
+    """Make ``device`` this process's current CUDA device (``cuda`` means the first
+    one it sees: Ray gives each GPU actor its own)."""
+    d = torch.device(device)
+    if d.type == "cuda":
+        torch.cuda.set_device(d.index or 0)
+
+
 def join_learner_group(address: str, rank: int, world: int, device: str, timeout_s: float):
     """This process's default process group: the learner ranks (blocks until all
     ``world`` ranks joined)."""
     if dist.is_initialized():
         raise RuntimeError("this process already belongs to a learner group")
-    if torch.device(device).type == "cuda":
-        torch.cuda.set_device(torch.device(device))
+    use_device(device)
     dist.init_process_group(
         backend_for(device),
         init_method=f"tcp://{address}",
@@ -93,13 +97,16 @@ def fsdp_modules(transformer: torch.nn.Module) -> list[torch.nn.Module]:
     return [*blocks, transformer]
 
 
-def shard_transformer(transformer: torch.nn.Module, param_dtype: torch.dtype | None) -> None:
+def shard_transformer(
+    transformer: torch.nn.Module, device: str, param_dtype: torch.dtype | None
+) -> None:
     """FSDP2 (``fully_shard``) over the blocks and the root, in place. With
     ``param_dtype`` the parameters are gathered in that dtype for compute and the
     gradients reduced in float32 (the float32 master weights stay sharded);
     gradients are summed over ranks, not averaged (see the module's docstring)."""
     import warnings
 
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     # diffusers' blocks return views of their output; nothing downstream changes them
@@ -111,19 +118,15 @@ def shard_transformer(transformer: torch.nn.Module, param_dtype: torch.dtype | N
         param_dtype=param_dtype,
         reduce_dtype=torch.float32 if param_dtype is not None else None,
     )
+    # on the learners' device, whatever accelerator the node has
+    mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
     for module in fsdp_modules(transformer):
-        fully_shard(module, mp_policy=policy)
+        fully_shard(module, mesh=mesh, mp_policy=policy)
     for module in transformer.modules():
         if isinstance(module, FSDPModule):
             # plain sums (gloo has no pre-multiplied sum; a factor of 1 needs none)
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
-
-
-def is_sharded(transformer: torch.nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(transformer, FSDPModule)
 
 
 def sum_gradients(parameters: list[torch.nn.Parameter]) -> None:

@@ -23,9 +23,9 @@ from tqdm.auto import tqdm
 from ..common.config import G2RPOConfig
 from ..common.prompts import prompts_for, read_prompts
 from .budget import Budget
-from .cluster import RunActors, call_with_restart, record_actors, start_actors
+from .cluster import RunActors, call_with_restart, get_or_redo, record_actors, start_actors
 from .lifecycle import attach_telemetry, finish, open_run, resume_point
-from .publishing import Published, publisher_for
+from .publishing import Published, check_loaded, publisher_for
 from .records import eval_row, progress_fields, summarise_batches
 from .run_files import (
     append_metrics,
@@ -172,31 +172,27 @@ class TrainingLoop:
         timeout = self.cfg.train.rollout_timeout_s
         results = []
         for i, ref in enumerate(pending.refs):
-            worker = self.actors.workers[i]
-            try:
-                results.append(ray.get(ref, timeout=timeout))
-                continue
-            except ray.exceptions.GetTimeoutError:
-                ray.kill(worker, no_restart=False)  # fell behind: Ray restarts it
-            except ray.exceptions.RayActorError:
-                pass
+            worker, redone = self.actors.workers[i], []
 
-            def redo(actor, share=pending.shares[i]):
+            def redo(actor, share=pending.shares[i], redone=redone):
+                redone.append(True)
                 ray.get(pending.weights.load_on(actor))
                 args = self.actors.rewards.args()
                 return actor.rollout.remote(pending.iteration, share, *args)
 
             try:
-                results.append(call_with_restart(redo, worker, timeout=timeout))
-                newest = self.published
-                if newest is not None and newest.version != pending.weights.version:
-                    # overlapped: the redo loaded the older version; back to the newest
-                    ray.get(newest.load_on(worker), timeout=timeout)
+                results.append(get_or_redo(ref, redo, worker, timeout))
             except ray.exceptions.GetTimeoutError:
                 raise RuntimeError(
                     f"rollout worker {i} did not finish iteration {pending.iteration}'s share "
                     f"within train.rollout_timeout_s={timeout} s, twice"
                 ) from None
+            newest = self.published
+            if redone and newest is not None and newest.version != pending.weights.version:
+                # overlapped: the redo loaded the version it was sampled with; the
+                # next rollout needs the newest again
+                got = get_or_redo(newest.load_on(worker), newest.load_on, worker, timeout)
+                check_loaded(i, got, newest)
         return results
 
     def roll_out(self, it: int, weights: Published) -> list:
@@ -283,9 +279,9 @@ class TrainingLoop:
     def summary(self, it, weights: Published, batches, stats, evaluation) -> dict:
         row = {"iteration": it, "version": weights.version, "weights_bytes": weights.nbytes}
         row["weights_via"] = weights.via
-        formed = getattr(self.publisher, "formed", None)
-        if formed is not None:  # broadcast groups formed so far (again after a restart)
-            row["weight_groups_formed"] = formed
+        if hasattr(self.publisher, "formed"):  # collective: groups formed, broadcasts failed
+            row["weight_groups_formed"] = self.publisher.formed
+            row["weight_broadcast_failures"] = self.publisher.failures
         row.update(summarise_batches(batches, stats))
         self.budget.add(row["nfe_train"])
         row["nfe_train_total"] = self.budget.total

@@ -26,7 +26,7 @@ class LearnerGroup:
     def form(self) -> None:
         """Join the ranks into one torch.distributed group (placed actors only)."""
         if uses_process_group(self.cfg):
-            address = ray.get(self.rank0.rendezvous.remote())
+            address = ray.get(self.rank0.meeting_address.remote())
             self._gather([r.join.remote(address) for r in self.ranks], "join")
 
     def ready_refs(self) -> list:

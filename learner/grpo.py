@@ -138,8 +138,8 @@ def grpo_update(
         # their share of the whole group, so the gradient (summed over chunks and
         # ranks) equals the group mean.
         for chunk in share.chunks(group, transitions.state_index, max_batch):
-            if chunk is None:  # padding pass: FSDP's collectives, no gradient
-                chunk_loss(group[:1])[0].mul(0.0).backward()
+            if chunk is None:
+                _padding_pass(model, ref, transitions, group[:1], cond, spec)
                 continue
             frac = chunk.numel() / group.numel()
             forwards = int(torch.unique(transitions.state_index[chunk]).numel())
@@ -152,7 +152,7 @@ def grpo_update(
             total_kl += kl * frac / len(groups)
             ratios.append(stats.ratio.float().cpu())
             clipped.append(stats.clipped.cpu())
-        if share.world > 1 and not share.lockstep:
+        if share.world > 1 and not share.sharded:
             sum_gradients(params)  # data parallel; FSDP reduced them in the backward
         norms.append(total_norm(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
         optimizer.step()
@@ -178,6 +178,18 @@ def grpo_update(
         transitions=len(transitions),
         nfe_learn=nfe,
     )
+
+
+def _padding_pass(model, reference, transitions, rows, cond, spec) -> None:
+    """What a sharded rank with no states left runs so FSDP's collectives stay in
+    step with the others': the forwards of a real chunk (the policy's, the KL
+    reference's) and a backward of zero. It stops at the transition mean (finite),
+    before the log-prob and the ratio, so no overflow there can turn 0·x into NaN."""
+    _, mean, _ = recompute_log_probs(model, transitions, rows, cond, spec)
+    if reference is not None:
+        with torch.no_grad():
+            recompute_log_probs(reference, transitions, rows, cond, spec)
+    (mean.sum() * 0.0).backward()
 
 
 def _chunk_loss(model, transitions, cond, spec, adv, clip_range, reference, kl_beta, rows):

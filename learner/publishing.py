@@ -19,7 +19,7 @@ import uuid
 
 import ray
 
-from .cluster import RunActors, call_with_restart
+from .cluster import RunActors, get_or_redo
 
 
 class Published:
@@ -30,7 +30,7 @@ class Published:
     def __init__(self, version: int, checksum: str, nbytes: int, ref=None, learner=None):
         self.version, self.checksum, self.nbytes = version, checksum, nbytes
         self._ref, self._learner = ref, learner
-        self.via = "object_store" if ref is not None else "collective"
+        self.via = "object_store" if ref is not None else "collective"  # how workers got it
 
     def object_ref(self):
         if self._ref is None:
@@ -47,13 +47,7 @@ def load_everywhere(weights: Published, workers: list, timeout: float | None) ->
     and loads it then."""
     pending = [weights.load_on(w) for w in workers]
     for i, ref in enumerate(pending):
-        try:
-            got = ray.get(ref, timeout=timeout)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-            if isinstance(exc, ray.exceptions.GetTimeoutError):
-                ray.kill(workers[i], no_restart=False)  # stuck: Ray restarts it
-            got = call_with_restart(weights.load_on, workers[i], timeout=timeout)
-        check_loaded(i, got, weights)
+        check_loaded(i, get_or_redo(ref, weights.load_on, workers[i], timeout), weights)
 
 
 def check_loaded(worker: int, got, weights: Published) -> None:
@@ -79,10 +73,14 @@ class BroadcastFailed(RuntimeError):
 
 
 class CollectivePublisher:
-    def __init__(self, actors: RunActors, timeout: float | None, collective_timeout: float):
-        self.actors, self.timeout, self.collective_timeout = actors, timeout, collective_timeout
+    def __init__(self, actors: RunActors, timeout: float | None) -> None:
+        # ``timeout`` (train.rollout_timeout_s) bounds a whole publish, as on the
+        # object-store path; a dead peer inside a collective is caught sooner, by the
+        # group's own per-operation timeout (train.collective_timeout_s)
+        self.actors, self.timeout = actors, timeout
         self.name: str | None = None  # the group every member holds; None: form one
-        self.formed = 0  # groups formed (the first, then one after each failure)
+        self.formed = 0  # groups formed: the first, then one after each restart or failure
+        self.failures = 0  # broadcasts that failed (those versions went by object store)
 
     def publish(self) -> Published:
         learner = self.actors.learner
@@ -101,33 +99,34 @@ class CollectivePublisher:
                 file=sys.stderr,
             )
             self.name = None
-            weights.via = "object_store (broadcast failed)"
+            self.failures += 1
+            weights.via = "object_store"
             load_everywhere(weights, self.actors.workers, self.timeout)
         return weights
 
     def _members(self) -> list:
         """The group each worker holds (None after a restart), once it is idle; a
         worker stuck past the rollout timeout is killed and restarted."""
-        names = []
-        for w in self.actors.workers:
-            try:
-                names.append(ray.get(w.weight_group.remote(), timeout=self.timeout))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-                if isinstance(exc, ray.exceptions.GetTimeoutError):
-                    ray.kill(w, no_restart=False)
-                names.append(call_with_restart(lambda a: a.weight_group.remote(), w))
-        return names
+
+        def ask(actor):
+            return actor.weight_group.remote()
+
+        workers = self.actors.workers
+        pending = [ask(w) for w in workers]
+        return [
+            get_or_redo(ref, ask, w, self.timeout) for ref, w in zip(pending, workers, strict=True)
+        ]
 
     def _form(self) -> None:
         rank0, workers = self.actors.learner.rank0, self.actors.workers
         name = uuid.uuid4().hex[:12]
-        address = ray.get(rank0.rendezvous.remote())
+        address = ray.get(rank0.meeting_address.remote())
         world = len(workers) + 1
         refs = [rank0.join_weight_group.remote(name, address, 0, world)]
         refs += [
             w.join_weight_group.remote(name, address, i + 1, world) for i, w in enumerate(workers)
         ]
-        ray.get(refs, timeout=self.collective_timeout)
+        ray.get(refs, timeout=self.timeout)
         self.name = name
         self.formed += 1
 
@@ -138,7 +137,7 @@ class CollectivePublisher:
             w.receive_weights.remote(self.name, weights.version, layout, weights.checksum)
             for w in workers
         ]
-        got = ray.get([*loads, send], timeout=self.collective_timeout)
+        got = ray.get([*loads, send], timeout=self.timeout)
         for i, answer in enumerate(got[:-1]):
             if tuple(answer) != (weights.version, weights.checksum):
                 raise BroadcastFailed(f"worker {i} holds {tuple(answer)} after the broadcast")
@@ -147,5 +146,5 @@ class CollectivePublisher:
 def publisher_for(actors: RunActors, cfg):
     t = cfg.train
     if t.weight_transport == "collective":
-        return CollectivePublisher(actors, t.rollout_timeout_s, t.collective_timeout_s)
+        return CollectivePublisher(actors, t.rollout_timeout_s)
     return ObjectStorePublisher(actors, t.rollout_timeout_s)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..common.config import G2RPOConfig
-from .checkpoints import SHARDED_SUFFIX, complete
+from .checkpoints import PARTIAL, SHARDED_SUFFIX, complete
 
 CKPT = "checkpoints"
 FINISHED = "finished.json"
@@ -89,18 +89,31 @@ def replace_other_layout(run_dir: Path, done: int, sharded: bool) -> None:
     remove_checkpoint(checkpoint_path(run_dir, done, not sharded))
 
 
+def incomplete_checkpoints(run_dir: Path) -> list[Path]:
+    """What a crash mid-save leaves: ``.partial`` directories, and sharded ones
+    without their marker."""
+    found = []
+    for p in (run_dir / CKPT).glob("it_*"):
+        if p.name.endswith(PARTIAL) or (p.suffix == SHARDED_SUFFIX and not complete(p)):
+            found.append(p)
+    return sorted(found)
+
+
 def prune_checkpoints(run_dir: Path, cfg: G2RPOConfig) -> list[Path]:
-    """Delete periodic checkpoints beyond the newest ``train.keep_checkpoints``;
-    those named in ``train.checkpoint_at`` stay."""
+    """Delete what a crashed save left, and periodic checkpoints beyond the newest
+    ``train.keep_checkpoints``; those named in ``train.checkpoint_at`` stay."""
+    leftovers = incomplete_checkpoints(run_dir)
+    for p in leftovers:
+        remove_checkpoint(p)
     keep = cfg.train.keep_checkpoints
     if keep is None:
-        return []
+        return leftovers
     pinned = set(cfg.train.checkpoint_at)
     periodic = [p for p in list_checkpoints(run_dir) if int(p.stem[3:]) not in pinned]
     doomed = periodic[:-keep]
     for p in doomed:
         remove_checkpoint(p)
-    return doomed
+    return leftovers + doomed
 
 
 def mark_finished(run_dir: Path, reason: str, iterations: int, nfe_train_total: int) -> None:

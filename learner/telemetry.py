@@ -55,6 +55,17 @@ class TrainingExporter:
             "Unix time the last iteration finished",
             registry=r,
         )
+        self.weight_lag = Gauge(
+            "g2rpo_train_weight_lag",
+            "Versions between the weights that sampled the last batch and those it updated",
+            registry=r,
+        )
+        self.broadcast_failures = Counter(
+            "g2rpo_train_weight_broadcast_failures_total",
+            "Weight broadcasts that failed (those versions went through the object store)",
+            registry=r,
+        )
+        self._failures_seen = 0
         self.server, self.thread = start_http_server(port, addr=host, registry=r)
         self.port = self.server.server_port
 
@@ -83,6 +94,10 @@ class TrainingExporter:
             if f"adv_{stat}" in row:
                 self.advantage.labels(stat).set(row[f"adv_{stat}"])
         self.nfe.inc(row["nfe"])
+        self.weight_lag.set(row.get("weight_lag", 0))
+        failures = row.get("weight_broadcast_failures", 0)  # cumulative in the row
+        self.broadcast_failures.inc(max(0, failures - self._failures_seen))
+        self._failures_seen = max(failures, self._failures_seen)
 
     def close(self) -> None:
         self.server.shutdown()

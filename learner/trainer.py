@@ -25,6 +25,7 @@ from .checkpoints import (
     full_weights,
     is_sharded_checkpoint,
     load_full_into_shards,
+    load_full_weights,
     load_sharded,
     save_sharded,
 )
@@ -86,9 +87,9 @@ def sharded_learner(cfg: G2RPOConfig) -> bool:
 
 
 def learner_share(cfg: G2RPOConfig, rank: int) -> RankShare:
-    """Rank ``rank``'s part of the group: FSDP2 (lockstep) for a full fine-tune in a
+    """Rank ``rank``'s part of the group: FSDP2 shards for a full fine-tune in a
     group, data-parallel replicas for LoRA, the whole update for one learner."""
-    return RankShare(rank, cfg.train.learners, lockstep=sharded_learner(cfg))
+    return RankShare(rank, cfg.train.learners, sharded=sharded_learner(cfg))
 
 
 class LearnerCore:
@@ -97,20 +98,14 @@ class LearnerCore:
     must then be called on every rank, and rank 0's answer is the group's."""
 
     def __init__(self, cfg: G2RPOConfig, share: RankShare = SINGLE) -> None:
-        from diffusers import AutoencoderKL, FluxTransformer2DModel
+        from diffusers import AutoencoderKL
 
         torch.set_num_threads(cfg.train.worker_threads)
         self.cfg, self.share = cfg, share
         cfg.model.check_trainable()
         path = resolve_path(cfg.model.pretrained)
-        # a sharded learner stays on the CPU until fully_shard moves each block's
-        # shard to the device, so no rank ever holds the whole model there
-        self.transformer = FluxTransformer2DModel.from_pretrained(
-            path,
-            subfolder="transformer",
-            local_files_only=True,
-            torch_dtype=cfg.model.base_weights_dtype(),
-        ).to("cpu" if share.lockstep else cfg.model.device)
+        self.sharded = share.sharded
+        self.transformer = self._load_transformer(path)
         self.lora = cfg.model.lora is not None
         attach_lora(self.transformer, cfg)
         self.transformer.train()
@@ -119,12 +114,8 @@ class LearnerCore:
         self.velocity = self._velocity_of(self.transformer)
         self.kl_beta = cfg.algorithm.flowgrpo.kl_beta if cfg.algorithm.name == "flowgrpo" else 0.0
         self.reference = self._reference_model() if self.kl_beta > 0 else None
-        self.sharded = share.lockstep
-        if self.sharded:  # after the reference copied the unsharded weights
-            compute = cfg.model.autocast_dtype() if cfg.model.mixed_precision == "fsdp" else None
-            shard_transformer(self.transformer, compute)
-            if self.reference is not None:
-                shard_transformer(self.reference.transformer, compute)
+        if self.sharded:
+            self._shard()
         self.trainable = [p for p in self.transformer.parameters() if p.requires_grad]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
@@ -141,6 +132,38 @@ class LearnerCore:
         self.spec = StepSpec(grid=grid, eta=cfg.sampling.eta, sde_type=sde_type)
         self.version = 0
         self.iteration = 0
+
+    def _load_transformer(self, path):
+        """The pretrained transformer. In a sharded group only rank 0 reads the
+        weights (on the CPU); the other ranks build it on the meta device and get
+        their shards from rank 0 once it is sharded: one full copy in the group's
+        host memory (rank 0's) instead of one per rank, and none on a device."""
+        from diffusers import FluxTransformer2DModel
+
+        m = self.cfg.model
+        if self.sharded and self.share.rank != 0:
+            config = FluxTransformer2DModel.load_config(
+                path, subfolder="transformer", local_files_only=True
+            )
+            with torch.device("meta"):
+                return FluxTransformer2DModel.from_config(config)
+        transformer = FluxTransformer2DModel.from_pretrained(
+            path, subfolder="transformer", local_files_only=True, torch_dtype=m.base_weights_dtype()
+        )
+        return transformer.to("cpu" if self.sharded else m.device)
+
+    def _shard(self) -> None:
+        """FSDP2 over the policy (and the KL reference): shard, then fill the shards
+        from rank 0's weights."""
+        m = self.cfg.model
+        compute = m.autocast_dtype() if m.mixed_precision == "fsdp" else None
+        initial = dict(self.transformer.state_dict()) if self.share.rank == 0 else {}
+        modules = [self.transformer]
+        if self.reference is not None:  # a copy of the unsharded initial model
+            modules.append(self.reference.transformer)
+        for module in modules:
+            shard_transformer(module, m.device, compute)
+            load_full_weights(module, dict(initial))
 
     def _velocity_of(self, transformer) -> FluxVelocity:
         m = self.cfg.model
@@ -254,7 +277,8 @@ class LearnerCore:
             torch.save(self.state_dict(), path)
 
     def load(self, path: str) -> int:
-        """Either checkpoint layout into this learner, whatever group wrote it."""
+        """Either checkpoint layout into this learner, whatever group wrote it (in a
+        sharded group a one-file checkpoint is read by rank 0 and broadcast)."""
         if is_sharded_checkpoint(path):
             if self.lora:
                 raise ValueError(
@@ -262,11 +286,19 @@ class LearnerCore:
                 )
             meta = load_sharded(self.transformer, self.optimizer, path)
             self.version, self.iteration = meta["version"], meta["iteration"]
+        elif self.sharded:
+            state = None
+            if self.share.rank == 0:
+                state = torch.load(path, map_location="cpu", weights_only=False)
+                self._check_kind(state)
+            self.version, self.iteration = load_full_into_shards(
+                self.transformer, self.optimizer, state
+            )
         else:
             self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         return self.iteration
 
-    def load_state_dict(self, state: dict) -> None:
+    def _check_kind(self, state: dict) -> None:
         key = "lora" if self.lora else "transformer"
         if key not in state:
             kind = "a LoRA" if self.lora else "a full-weight"
@@ -274,16 +306,15 @@ class LearnerCore:
                 f"checkpoint holds {sorted(k for k in state if k in ('lora', 'transformer'))}; "
                 f"this run is {kind} run (model.lora) and needs {key!r}"
             )
-        if self.sharded:
-            load_full_into_shards(
-                self.transformer, self.optimizer, state["transformer"], state["optimizer"]
-            )
+
+    def load_state_dict(self, state: dict) -> None:
+        """A one-file checkpoint into one learner or a data-parallel replica."""
+        self._check_kind(state)
+        if self.lora:
+            load_adapter_state(self.transformer, state["lora"])
         else:
-            if self.lora:
-                load_adapter_state(self.transformer, state["lora"])
-            else:
-                self.transformer.load_state_dict(state["transformer"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            self.transformer.load_state_dict(state["transformer"])
+        self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]
         self.iteration = state["iteration"]
 

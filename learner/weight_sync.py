@@ -21,7 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .distributed import backend_for
+from .distributed import backend_for, use_device
 
 BUCKET_BYTES = 256 * 2**20
 
@@ -66,16 +66,19 @@ def layout_of(state: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTES) 
     return Layout(tuple(slots), tuple((d, n) for d, n in buckets))
 
 
-def pack(state: dict[str, torch.Tensor], layout: Layout, device) -> list[torch.Tensor]:
-    buffers = empty_buffers(layout, device)
+def pack_bucket(state: dict[str, torch.Tensor], layout: Layout, bucket: int, device):
+    """One flat bucket of ``layout``, filled from ``state``."""
+    dtype, n = layout.buckets[bucket]
+    buf = torch.empty(n, dtype=getattr(torch, dtype), device=device)
     for s in layout.slots:
-        flat = state[s.name].detach().reshape(-1)
-        buffers[s.bucket][s.offset : s.offset + flat.numel()].copy_(flat)
-    return buffers
+        if s.bucket == bucket:
+            flat = state[s.name].detach().reshape(-1)
+            buf[s.offset : s.offset + flat.numel()].copy_(flat)
+    return buf
 
 
-def empty_buffers(layout: Layout, device) -> list[torch.Tensor]:
-    return [torch.empty(n, dtype=getattr(torch, d), device=device) for d, n in layout.buckets]
+def pack(state: dict[str, torch.Tensor], layout: Layout, device) -> list[torch.Tensor]:
+    return [pack_bucket(state, layout, b, device) for b in range(len(layout.buckets))]
 
 
 def unpack(buffers: list[torch.Tensor], layout: Layout) -> dict[str, torch.Tensor]:
@@ -109,23 +112,31 @@ class WeightGroup:
         if backend_for(device) == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
-            torch.cuda.set_device(self.device)
+            use_device(device)
             self.pg = dist.ProcessGroupNCCL(prefixed, rank, world, options)
         else:
             self.pg = dist.ProcessGroupGloo(prefixed, rank, world, timeout)
 
-    def broadcast(self, buffers: list[torch.Tensor]) -> None:
-        """Rank 0's buffers into every member's (same layout), one bucket at a time."""
-        for buf in buffers:
-            self.pg.broadcast(buf, 0).wait()
-
     def send(self, state: dict[str, torch.Tensor], layout: Layout) -> None:
-        self.broadcast(pack(state, layout, self.device))
+        """Rank 0: broadcast ``state`` one bucket at a time (one bucket on the device
+        at a time, so a large model never needs a second copy there)."""
+        for b in range(len(layout.buckets)):
+            buf = pack_bucket(state, layout, b, self.device)
+            self.pg.broadcast(buf, 0).wait()
+            if buf.is_cuda:
+                torch.cuda.current_stream().synchronize()  # NCCL's wait only orders streams
+            del buf
 
     def receive(self, layout: Layout) -> dict[str, torch.Tensor]:
-        buffers = empty_buffers(layout, self.device)
-        self.broadcast(buffers)
-        return unpack(buffers, layout)
+        """Other ranks: the broadcast state, in host memory (each bucket is moved off
+        the device as it arrives), ready to verify and load."""
+        host = []
+        for dtype, n in layout.buckets:
+            buf = torch.empty(n, dtype=getattr(torch, dtype), device=self.device)
+            self.pg.broadcast(buf, 0).wait()
+            host.append(buf.cpu() if buf.is_cuda else buf)
+            del buf
+        return unpack(host, layout)
 
     def close(self) -> None:
         with contextlib.suppress(RuntimeError):  # a broken group: dropping it is all

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 from g2rpo.common.config import ConfigError, G2RPOConfig, dump_config, load_config
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
@@ -56,6 +57,12 @@ def test_overrides_parse_yaml_values(tmp_path):
         ("novalue", "section.field=value"),
         ("sampling.group_size.x=3", "sampling.group_size"),
         ("sampling=3", "sampling"),
+        ("train.learners=0", "train.learners"),
+        ("train.weight_transport=nccl", "train.weight_transport"),
+        ("train.collective_timeout_s=0", "train.collective_timeout_s"),
+        ("model.rollout_weights_dtype=bfloat16", "model.rollout_weights_dtype bfloat16 needs"),
+        ("model.mixed_precision=fsdp", "model.mixed_precision fsdp computes in model.dtype"),
+        ("model.mixed_precision=sometimes", "model.mixed_precision"),
     ],
 )
 def test_bad_values_name_the_field(override, needle):
@@ -75,3 +82,26 @@ def test_bad_files(tmp_path):
     scalar.write_text("3\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(scalar)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["model.rollout_weights_dtype=bfloat16", "model.lora.rank=4"], "model.dtype bfloat16"),
+        (
+            ["model.dtype=bfloat16", "model.rollout_weights_dtype=bfloat16", "model.lora.rank=4"],
+            "a LoRA run (model.lora)",
+        ),
+        (
+            ["model.dtype=bfloat16", "model.mixed_precision=fsdp", "model.lora.rank=4"],
+            "use autocast",
+        ),
+    ],
+)
+def test_precision_settings_that_cannot_work_are_refused(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert needle in str(err.value)
+    ok = load_config(None, ["model.dtype=bfloat16", "model.rollout_weights_dtype=bfloat16"])
+    assert ok.model.rollout_weights_torch_dtype() == torch.bfloat16
+    assert load_config(None, []).model.rollout_weights_torch_dtype() == torch.float32

@@ -8,6 +8,7 @@ import pytest
 import ray
 import torch
 from g2rpo.common.config import load_config
+from g2rpo.learner.distributed import RankShare
 from g2rpo.learner.group import LearnerGroup
 from g2rpo.learner.placement import actor_options
 from g2rpo.learner.trainer import LearnerCore
@@ -36,19 +37,20 @@ def _cfg(world, *extra):
     return load_config(None, [*SMALL_RUN, f"model.pretrained={world / 'pipeline'}", *extra])
 
 
-def _batches(cfg) -> list[Trajectories]:
-    """Two workers' rollouts of iteration 0, with fixed made-up rewards (the update's
+def _batches(cfg, workers: int = 2) -> list[Trajectories]:
+    """Workers' rollouts of iteration 0, with fixed made-up rewards (the update's
     input: what the rewards are does not matter here, only that both sides get them)."""
-    out = []
-    for w in range(2):
-        plan, cond, result, _ = RolloutWorkerCore(cfg, w).sample(0, PROMPTS[2 * w : 2 * w + 2])
+    out, n = [], cfg.sampling.prompts_per_worker
+    for w in range(workers):
+        prompts = PROMPTS[n * w : n * (w + 1)]
+        plan, cond, result, _ = RolloutWorkerCore(cfg, w).sample(0, prompts)
         rewards = torch.rand(len(plan.leaves), generator=torch.Generator().manual_seed(w))
         out.append(
             Trajectories(
                 worker=w,
                 iteration=0,
                 version=0,
-                prompts=PROMPTS[2 * w : 2 * w + 2],
+                prompts=prompts,
                 plan=plan,
                 transitions=result.transitions,
                 cond=cond,
@@ -78,11 +80,24 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_each_rank_takes_a_contiguous_share_and_sharded_ranks_pad_to_the_same_count():
+    rows = torch.arange(10)
+    state_index = torch.tensor([0, 0, 1, 1, 2, 3, 3, 4, 4, 4])  # 5 states
+    got = [RankShare(r, 2).chunks(rows, state_index, max_states=2) for r in (0, 1)]
+    assert [[c.tolist() for c in g] for g in got] == [[[0, 1, 2, 3], [4]], [[5, 6, 7, 8, 9]]]
+    sharded = [RankShare(r, 2, sharded=True).chunks(rows, state_index, 2) for r in (0, 1)]
+    assert [len(c) for c in sharded] == [2, 2] and sharded[1][1] is None  # a padding pass
+    alone = RankShare(1, 3, sharded=True).chunks(rows[:2], state_index[:2], 2)
+    assert alone == [None]  # one state, three ranks: ranks 1 and 2 only pad
+
+
+@pytest.mark.parametrize("mode", ["full", "lora", "full_padding"])
 def test_two_rank_update_equals_one_rank_update(ray_two_learners, quick_world, mode, tmp_path):
-    extra = LORA if mode == "lora" else []
+    """full_padding: one prompt of one worker, so each SDE step has one state and
+    rank 1 runs only padding passes (it must still take part in every collective)."""
+    extra = {"full": [], "lora": LORA, "full_padding": ["sampling.prompts_per_worker=1"]}[mode]
     cfg = _cfg(quick_world, *extra)
-    batches = _batches(cfg)
+    batches = _batches(cfg, workers=1 if mode == "full_padding" else 2)
     one = LearnerCore(cfg)
     before = one.trained_state()
     stats_one = one.update(batches)
@@ -99,6 +114,8 @@ def test_two_rank_update_equals_one_rank_update(ray_two_learners, quick_world, m
         for key in ("nfe_learn", "transitions", "optimizer_steps"):
             assert stats_two[key] == stats_one[key], key
 
+        if mode == "full_padding":
+            return
         # checkpoints: the group's read by one learner, one learner's by the group
         if mode == "full":
             shards = tmp_path / "it_00001.dcp"

@@ -8,6 +8,8 @@ from g2rpo.learner.driver import TrainingLoop
 from g2rpo.learner.run_files import (
     append_metrics,
     finished,
+    latest_checkpoint,
+    list_checkpoints,
     mark_finished,
     prune_checkpoints,
     read_metrics,
@@ -30,6 +32,39 @@ def test_keep_checkpoints_keeps_the_newest_and_the_pinned(tmp_path):
     assert left == ["it_00010", "it_00020", "it_00025"]
     assert sorted(p.stem for p in gone) == ["it_00005", "it_00015"]
     assert prune_checkpoints(tmp_path, load_config(None)) == []  # default: keep all
+
+
+def _sharded(run: Path, i: int, complete: bool = True, partial: bool = False) -> Path:
+    name = f"it_{i:05d}.dcp" + (".partial" if partial else "")
+    d = run / "checkpoints" / name
+    d.mkdir(parents=True)
+    (d / "__0_0.distcp").write_bytes(b"x")
+    if complete:
+        (d / "g2rpo.json").write_text('{"version": 1, "iteration": 1}')
+    return d
+
+
+def test_checkpoints_of_both_layouts_are_listed_by_iteration_and_leftovers_pruned(tmp_path):
+    _touch(tmp_path, 5, 20)
+    _sharded(tmp_path, 10)
+    _sharded(tmp_path, 15)
+    _sharded(tmp_path, 25, complete=False)  # a crash before the marker
+    _sharded(tmp_path, 30, partial=True)  # a crash mid-save
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
+        "it_00005.pt",
+        "it_00010.dcp",
+        "it_00015.dcp",
+        "it_00020.pt",
+    ]
+    assert latest_checkpoint(tmp_path).name == "it_00020.pt"  # never a half-written one
+    cfg = load_config(None, ["train.keep_checkpoints=2", "train.checkpoint_at=[10]"])
+    gone = sorted(p.name for p in prune_checkpoints(tmp_path, cfg))
+    assert gone == ["it_00005.pt", "it_00025.dcp", "it_00030.dcp.partial"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "it_00010.dcp",
+        "it_00015.dcp",
+        "it_00020.pt",
+    ]
 
 
 def test_resume_truncates_metrics_evals_and_the_finished_mark(tmp_path):

@@ -40,6 +40,12 @@ def _strip(rows):
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
+@pytest.fixture(scope="module")
+def calm(ray_local, quick_world, tmp_path_factory):
+    """The uninterrupted 3-iteration run the resume and fault tests compare with."""
+    return _strip(read_metrics(_run(quick_world, tmp_path_factory.mktemp("calm"), "calm", 3)))
+
+
 def test_two_iterations_with_two_workers(ray_local, quick_world, tmp_path):
     run = _run(quick_world, tmp_path, "two", 2)
     rows = read_metrics(run)
@@ -77,8 +83,8 @@ def test_staleness_one_rolls_out_the_next_iteration_beside_the_update(
     assert _strip([rows[0]])[0]["reward/shapes_clip"] == in_order[0]["reward/shapes_clip"]
 
 
-def test_resume_reproduces_the_uninterrupted_run(ray_local, quick_world, tmp_path):
-    full = _strip(read_metrics(_run(quick_world, tmp_path, "full", 3)))
+def test_resume_reproduces_the_uninterrupted_run(calm, quick_world, tmp_path):
+    full = calm
     part = _run(quick_world, tmp_path, "part", 3, max_iterations=2)
     assert len(read_metrics(part)) == 2
     train(None, [], resume=part, progress=False)
@@ -141,15 +147,13 @@ def test_stale_trajectories_and_bad_weights_are_refused(quick_world):
         learner.update([stale])
 
 
-def test_rollout_actor_and_reward_server_killed_mid_run_change_nothing(
-    ray_local, quick_world, tmp_path
-):
+def test_rollout_actor_and_reward_server_killed_mid_run_change_nothing(calm, quick_world, tmp_path):
     import json
     import signal
     import threading
     import time
 
-    reference = _strip(read_metrics(_run(quick_world, tmp_path, "calm", 3)))
+    reference = calm
     run_dir = tmp_path / "killed"
     killed: dict = {}
 
@@ -180,6 +184,45 @@ def test_rollout_actor_and_reward_server_killed_mid_run_change_nothing(
     # every prompt's trajectory present once, and the same numbers as the calm run
     assert [r["transitions"] for r in rows] == [r["transitions"] for r in reference]
     assert rows == reference
+
+
+def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(
+    calm, quick_world, tmp_path
+):
+    """A rollout worker frozen mid-run (SIGSTOP) holds the iteration only until
+    train.rollout_timeout_s: it is killed, Ray restarts it, its share is redone once,
+    and the run's numbers are those of a calm run (nothing trained twice or lost).
+    tests/test_training_group.py does the same in a 2-learner group."""
+    import json
+    import signal
+    import threading
+    import time
+
+    run_dir = tmp_path / "frozen"
+    frozen: dict = {}
+
+    def freezer():
+        metrics, actors = run_dir / "metrics.jsonl", run_dir / "actors.json"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if metrics.exists() and metrics.read_text().strip() and actors.exists():
+                pid = json.loads(actors.read_text())["rollout_workers"][0]
+                time.sleep(0.3)  # into the next iteration's rollout
+                os.kill(pid, signal.SIGSTOP)
+                frozen["pid"] = pid
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=freezer, daemon=True)
+    thread.start()
+    rows = _run(quick_world, tmp_path, "frozen", 3, extra=["train.rollout_timeout_s=20"])
+    rows = _strip(read_metrics(rows))
+    thread.join(timeout=5)
+    assert "pid" in frozen
+    record = json.loads((run_dir / "actors.json").read_text())
+    assert record["rollout_workers"][0] != frozen["pid"]  # killed and restarted by Ray
+    assert [r["transitions"] for r in rows] == [r["transitions"] for r in calm]
+    assert rows == calm
 
 
 def test_redis_discovery_status_and_prometheus_export(ray_local, quick_world, tmp_path):
@@ -227,6 +270,8 @@ def test_redis_discovery_status_and_prometheus_export(ray_local, quick_world, tm
         assert 'g2rpo_train_reward{reward="shapes_clip"}' in text
         assert "g2rpo_train_model_evaluations_total" in text
         assert 'g2rpo_train_phase_seconds{phase="rollout"}' in text
+        assert "g2rpo_train_weight_lag 0.0" in text
+        assert "g2rpo_train_weight_broadcast_failures_total 0.0" in text
         env = {**os.environ}
         live = subprocess.run(
             [g2rpo_executable(), "status", "live", "--redis-url", redis.url, "--json"],

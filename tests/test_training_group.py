@@ -12,6 +12,7 @@ import time
 
 import pytest
 import ray
+import torch
 from g2rpo.learner.driver import read_metrics, train
 from small_run import SMALL_RUN
 
@@ -44,7 +45,7 @@ def _run(world, out, name, iterations, extra=(), **kw):
 
 def _strip(rows):
     """What a run computed: no timings, and not how the weights travelled."""
-    drop = ("weights_via", "weight_groups_formed")
+    drop = ("weights_via", "weight_groups_formed", "weight_broadcast_failures")
     return [
         {k: v for k, v in r.items() if not k.startswith("time/") and k not in drop} for r in rows
     ]
@@ -64,6 +65,20 @@ def test_two_learner_run_resumes_exactly_and_on_one_learner(calm, quick_world, t
     assert len(json.loads((part / "actors.json").read_text())["learners"]) == 2
     alone = tmp_path / "alone"
     shutil.copytree(part, alone)
+
+    # g2rpo eval reads a sharded checkpoint: the weights one learner resumes from
+    from g2rpo.common.config import load_config
+    from g2rpo.evaluation.policy import load_policy, resolve_policy
+    from g2rpo.learner.trainer import LearnerCore
+
+    source = resolve_policy(part, checkpoint="2")
+    assert source.weights.name == "it_00002.dcp"
+    evaluated = load_policy(source).transformer.state_dict()
+    resumed = LearnerCore(load_config(part / "config.yaml", ["train.learners=1"]))
+    assert resumed.load(str(source.weights)) == 2
+    learned = resumed.trained_state()
+    assert sorted(evaluated) == sorted(learned)
+    assert all(torch.equal(evaluated[k], learned[k]) for k in learned)
 
     train(None, [], resume=part, progress=False)
     assert _strip(read_metrics(part)) == calm  # bitwise, as one learner resumes

@@ -1,0 +1,80 @@
+"""Weight publishing by broadcast (train.weight_transport: collective) on real Ray
+actors: a learner and 2 rollout workers of the quick world. A worker that dies
+after the group formed and before the broadcast fails that broadcast; the version
+then reaches every worker (the restarted one too) through the object store, and
+the next version is broadcast over a group formed again."""
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+from g2rpo.common.config import load_config
+from g2rpo.learner.actors import RolloutWorker
+from g2rpo.learner.cluster import RunActors
+from g2rpo.learner.group import LearnerGroup
+from g2rpo.learner.placement import actor_options
+from g2rpo.learner.publishing import CollectivePublisher
+from small_run import SMALL_RUN
+
+
+@pytest.fixture(scope="module")
+def ray_three():
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+class DeathBeforeBroadcast(CollectivePublisher):
+    """Kills worker 1 once, after the group is formed and before the broadcast."""
+
+    victim: int | None = None
+
+    def _broadcast(self, weights, layout):
+        if self.victim is None:
+            self.victim = ray.get(self.actors.workers[1].pid.remote())
+            os.kill(self.victim, signal.SIGKILL)
+            time.sleep(0.5)
+        return super()._broadcast(weights, layout)
+
+
+def _holds(actors: RunActors) -> list:
+    return [tuple(ray.get(w.loaded.remote())) for w in actors.workers]
+
+
+def test_a_failed_broadcast_falls_back_and_the_group_is_formed_again(ray_three, quick_world):
+    cfg = load_config(
+        None,
+        [
+            *SMALL_RUN,
+            f"model.pretrained={quick_world / 'pipeline'}",
+            "train.weight_transport=collective",
+            "train.collective_timeout_s=10",
+        ],
+    )
+    cfg_dict = cfg.model_dump(mode="json")
+    actors = RunActors(learner=LearnerGroup(cfg, actor_options(1, 0, {})))
+    actors.workers = [RolloutWorker.options(num_cpus=1).remote(cfg_dict, i) for i in range(2)]
+    try:
+        actors.learner.form()
+        ray.get(actors.learner.ready_refs() + [w.ready.remote() for w in actors.workers])
+        publisher = DeathBeforeBroadcast(actors, timeout=120)
+
+        first = publisher.publish()
+        assert first.via == "object_store"  # the broadcast failed: the fallback took it
+        assert publisher.failures == 1 and publisher.formed == 1 and publisher.name is None
+        assert _holds(actors) == [(first.version, first.checksum)] * 2
+        assert ray.get(actors.workers[1].pid.remote()) != publisher.victim  # restarted
+
+        second = publisher.publish()  # a new group, with the restarted worker in it
+        assert second.via == "collective"
+        assert publisher.formed == 2 and publisher.failures == 1
+        names = ray.get([w.weight_group.remote() for w in actors.workers])
+        assert names == [publisher.name] * 2
+        assert _holds(actors) == [(second.version, second.checksum)] * 2
+    finally:
+        actors.learner.kill()
+        for w in actors.workers:
+            ray.kill(w, no_restart=True)
