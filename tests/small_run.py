@@ -16,3 +16,46 @@ SMALL_RUN = [
     "optim.lr=1e-4",
     "rewards=[{name: shapes_clip}]",
 ]
+
+
+def small_train(world, out, name, iterations, extra=(), **kw):
+    """``g2rpo train`` of the small setting on ``world`` (the quick world), scored by
+    a job-started reward server with the world's shapes_clip."""
+    from g2rpo.learner.driver import train
+
+    over = [
+        *SMALL_RUN,
+        f"model.pretrained={world / 'pipeline'}",
+        f"run.output_dir={out}",
+        f"run.name={name}",
+        f"run.iterations={iterations}",
+        f"train.reward.scorers=[shapes_clip={world / 'shapes_clip'}]",
+        *extra,
+    ]
+    return train(None, over, progress=False, **kw)
+
+
+def when_first_row(run_dir, act, then_wait: float = 0.3):
+    """Start a thread that runs ``act(actors.json record)`` once, ``then_wait`` s
+    after the run at ``run_dir`` logged its first iteration (so: early in the next
+    one); ``act`` returns a dict merged into the one returned here."""
+    import json
+    import threading
+    import time
+
+    done: dict = {}
+
+    def watch():
+        metrics, actors = run_dir / "metrics.jsonl", run_dir / "actors.json"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if metrics.exists() and metrics.read_text().strip() and actors.exists():
+                record = json.loads(actors.read_text())
+                time.sleep(then_wait)
+                done.update(act(record))
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread, done

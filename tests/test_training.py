@@ -7,7 +7,7 @@ import ray
 from g2rpo.learner.driver import read_metrics, train
 from g2rpo.learner.trainer import LearnerCore, StaleTrajectories
 from g2rpo.rollout_worker.worker import RolloutWorkerCore, WeightMismatch
-from small_run import SMALL_RUN
+from small_run import SMALL_RUN, small_train, when_first_row
 
 SMALL = SMALL_RUN
 
@@ -23,17 +23,7 @@ def ray_local():
 
 
 def _run(world, out, name, iterations, extra=(), **kw):
-    over = [
-        *SMALL,
-        f"model.pretrained={world / 'pipeline'}",
-        f"run.output_dir={out}",
-        f"run.name={name}",
-        f"run.iterations={iterations}",
-        # the local reward server scores with this world's shapes_clip
-        f"train.reward.scorers=[shapes_clip={world / 'shapes_clip'}]",
-        *extra,
-    ]
-    return train(None, over, progress=False, **kw)
+    return small_train(world, out, name, iterations, extra, **kw)
 
 
 def _strip(rows):
@@ -150,33 +140,21 @@ def test_stale_trajectories_and_bad_weights_are_refused(quick_world):
 def test_rollout_actor_and_reward_server_killed_mid_run_change_nothing(calm, quick_world, tmp_path):
     import json
     import signal
-    import threading
     import time
 
     reference = calm
-    run_dir = tmp_path / "killed"
-    killed: dict = {}
 
-    def killer():
-        metrics, actors = run_dir / "metrics.jsonl", run_dir / "actors.json"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if metrics.exists() and metrics.read_text().strip() and actors.exists():
-                record = json.loads(actors.read_text())
-                pid = record["rollout_workers"][1]
-                time.sleep(0.3)  # into the next iteration
-                os.kill(pid, signal.SIGKILL)
-                killed["pid"] = pid
-                time.sleep(1.0)  # the other worker is rolling out or being scored
-                os.kill(record["reward_servers"][0], signal.SIGKILL)
-                killed["server"] = record["reward_servers"][0]
-                return
-            time.sleep(0.02)
+    def kill(record):
+        pid = record["rollout_workers"][1]
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(1.0)  # the other worker is rolling out or being scored
+        os.kill(record["reward_servers"][0], signal.SIGKILL)
+        return {"pid": pid, "server": record["reward_servers"][0]}
 
-    thread = threading.Thread(target=killer, daemon=True)
-    thread.start()
+    thread, killed = when_first_row(tmp_path / "killed", kill)
     rows = _strip(read_metrics(_run(quick_world, tmp_path, "killed", 3)))
     thread.join(timeout=5)
+    run_dir = tmp_path / "killed"
     assert "pid" in killed and "server" in killed
     record = json.loads((run_dir / "actors.json").read_text())
     assert record["rollout_workers"][1] != killed["pid"]  # Ray restarted the actor
@@ -195,29 +173,17 @@ def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(
     tests/test_training_group.py does the same in a 2-learner group."""
     import json
     import signal
-    import threading
-    import time
 
-    run_dir = tmp_path / "frozen"
-    frozen: dict = {}
+    def freeze(record):
+        pid = record["rollout_workers"][0]
+        os.kill(pid, signal.SIGSTOP)
+        return {"pid": pid}
 
-    def freezer():
-        metrics, actors = run_dir / "metrics.jsonl", run_dir / "actors.json"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if metrics.exists() and metrics.read_text().strip() and actors.exists():
-                pid = json.loads(actors.read_text())["rollout_workers"][0]
-                time.sleep(0.3)  # into the next iteration's rollout
-                os.kill(pid, signal.SIGSTOP)
-                frozen["pid"] = pid
-                return
-            time.sleep(0.02)
-
-    thread = threading.Thread(target=freezer, daemon=True)
-    thread.start()
+    thread, frozen = when_first_row(tmp_path / "frozen", freeze)
     rows = _run(quick_world, tmp_path, "frozen", 3, extra=["train.rollout_timeout_s=20"])
     rows = _strip(read_metrics(rows))
     thread.join(timeout=5)
+    run_dir = tmp_path / "frozen"
     assert "pid" in frozen
     record = json.loads((run_dir / "actors.json").read_text())
     assert record["rollout_workers"][0] != frozen["pid"]  # killed and restarted by Ray

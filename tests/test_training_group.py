@@ -7,14 +7,12 @@ import json
 import os
 import shutil
 import signal
-import threading
-import time
 
 import pytest
 import ray
 import torch
 from g2rpo.learner.driver import read_metrics, train
-from small_run import SMALL_RUN
+from small_run import small_train, when_first_row
 
 TWO = ["train.learners=2"]
 
@@ -30,17 +28,7 @@ def ray_local():
 
 
 def _run(world, out, name, iterations, extra=(), **kw):
-    over = [
-        *SMALL_RUN,
-        f"model.pretrained={world / 'pipeline'}",
-        f"run.output_dir={out}",
-        f"run.name={name}",
-        f"run.iterations={iterations}",
-        f"train.reward.scorers=[shapes_clip={world / 'shapes_clip'}]",
-        *TWO,
-        *extra,
-    ]
-    return train(None, over, progress=False, **kw)
+    return small_train(world, out, name, iterations, [*TWO, *extra], **kw)
 
 
 def _strip(rows):
@@ -97,25 +85,6 @@ def test_two_learner_run_resumes_exactly_and_on_one_learner(calm, quick_world, t
     assert (alone / "final" / "transformer").is_dir()
 
 
-def _when_first_row(run_dir, act):
-    """Run ``act(actors.json record)`` once the run logged its first iteration."""
-    done: dict = {}
-
-    def watch():
-        metrics, actors = run_dir / "metrics.jsonl", run_dir / "actors.json"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if metrics.exists() and metrics.read_text().strip() and actors.exists():
-                time.sleep(0.3)  # into the next iteration
-                done.update(act(json.loads(actors.read_text())))
-                return
-            time.sleep(0.02)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread, done
-
-
 def test_worker_killed_under_broadcast_weights_changes_nothing(calm, quick_world, tmp_path):
     """A rollout worker killed in a 2-learner run whose weights travel by broadcast:
     Ray restarts it, the broadcast group is formed again with it, its share is redone,
@@ -126,7 +95,7 @@ def test_worker_killed_under_broadcast_weights_changes_nothing(calm, quick_world
         os.kill(pid, signal.SIGKILL)
         return {"pid": pid}
 
-    thread, killed = _when_first_row(tmp_path / "killed", kill)
+    thread, killed = when_first_row(tmp_path / "killed", kill)
     run = _run(quick_world, tmp_path, "killed", 3, ["train.weight_transport=collective"])
     thread.join(timeout=5)
     assert "pid" in killed
@@ -150,7 +119,7 @@ def test_frozen_worker_in_a_two_learner_group_is_restarted_and_redone_once(
         os.kill(pid, signal.SIGSTOP)
         return {"pid": pid}
 
-    thread, frozen = _when_first_row(tmp_path / "frozen", freeze)
+    thread, frozen = when_first_row(tmp_path / "frozen", freeze)
     run = _run(quick_world, tmp_path, "frozen", 3, ["train.rollout_timeout_s=20"])
     thread.join(timeout=5)
     assert "pid" in frozen
