@@ -54,13 +54,20 @@ def test_two_iterations_with_two_workers(ray_local, quick_world, tmp_path):
     assert "workers: 2" in cfg
 
 
+@pytest.fixture(scope="module")
+def overlapped(ray_local, quick_world, tmp_path_factory):
+    """A 4-iteration run with train.staleness=1, weights by the object store."""
+    out = tmp_path_factory.mktemp("overlap")
+    return _run(quick_world, out, "overlap", 4, extra=["train.staleness=1"])
+
+
 def test_staleness_one_rolls_out_the_next_iteration_beside_the_update(
-    ray_local, quick_world, tmp_path
+    overlapped, quick_world, tmp_path
 ):
     """train.staleness=1: iteration i+1 is sampled with v_i while the learner updates on
     iteration i, so from the second iteration on every batch is learned one version
     late (recorded as weight_lag); the run still trains, evaluates and finishes."""
-    run = _run(quick_world, tmp_path, "overlap", 4, extra=["train.staleness=1"])
+    run = overlapped
     rows = read_metrics(run)
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
     assert [r["weight_lag"] for r in rows] == [0, 1, 1, 1]
@@ -71,6 +78,30 @@ def test_staleness_one_rolls_out_the_next_iteration_beside_the_update(
     assert [r["weight_lag"] for r in in_order] == [0, 0]
     # the first iteration is the same computation either way
     assert _strip([rows[0]])[0]["reward/shapes_clip"] == in_order[0]["reward/shapes_clip"]
+
+
+def test_staleness_one_with_broadcast_weights_computes_the_same_run(
+    overlapped, quick_world, tmp_path
+):
+    """The overlapped run with weights broadcast by the workers' collective group: each
+    version is sent while the next rollout may still run (the broadcast waits for the
+    workers to be idle), and the run computes exactly what the object-store run did."""
+    run = _run(
+        quick_world,
+        tmp_path,
+        "overlap-broadcast",
+        4,
+        extra=["train.staleness=1", "train.weight_transport=collective"],
+    )
+    rows = read_metrics(run)
+    assert {r["weights_via"] for r in rows} == {"collective"}
+    assert rows[-1]["weight_groups_formed"] == 1 and rows[-1]["weight_broadcast_failures"] == 0
+    drop = ("weights_via", "weight_groups_formed", "weight_broadcast_failures")
+
+    def computed(rows):
+        return [{k: v for k, v in r.items() if k not in drop} for r in _strip(rows)]
+
+    assert computed(rows) == computed(read_metrics(overlapped))
 
 
 def test_resume_reproduces_the_uninterrupted_run(calm, quick_world, tmp_path):
