@@ -2,15 +2,39 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from g2rpo.reward_server.process import RewardServerProcess, free_port, g2rpo_executable
 
 G2RPO = g2rpo_executable()
-__all__ = ["G2RPO", "PrometheusServer", "RedisServer", "RewardServerProcess", "free_port"]
+__all__ = [
+    "G2RPO",
+    "PrometheusServer",
+    "RedisServer",
+    "RewardServerProcess",
+    "free_port",
+    "local_ray",
+]
+
+
+@contextmanager
+def local_ray(num_cpus: int, object_store_mb: int | None = None):
+    """A local Ray of ``num_cpus`` CPUs for a test module (no dashboard, no worker
+    logs, no auth), shut down afterwards."""
+    import ray
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    extra = {} if object_store_mb is None else {"object_store_memory": object_store_mb * 2**20}
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, **extra)
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 class RedisServer:

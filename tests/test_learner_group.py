@@ -2,8 +2,6 @@
 data parallel for LoRA) against one learner in this process, on the same batch;
 checkpoints written by one size of group read by another."""
 
-import os
-
 import pytest
 import ray
 import torch
@@ -14,6 +12,7 @@ from g2rpo.learner.placement import actor_options
 from g2rpo.learner.trainer import LearnerCore
 from g2rpo.rollout_worker.plan import algorithm_nfe
 from g2rpo.rollout_worker.worker import RolloutWorkerCore, Trajectories
+from servers import local_ray
 from small_run import SMALL_RUN
 
 PROMPTS = [
@@ -27,10 +26,8 @@ LORA = ["model.lora.rank=4", "model.lora.alpha=8", "optim.lr=1e-3"]
 
 @pytest.fixture(scope="module")
 def ray_two_learners():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with local_ray(2):
+        yield
 
 
 def _cfg(world, *extra):

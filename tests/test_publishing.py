@@ -16,15 +16,14 @@ from g2rpo.learner.cluster import RunActors
 from g2rpo.learner.group import LearnerGroup
 from g2rpo.learner.placement import actor_options
 from g2rpo.learner.publishing import CollectivePublisher
+from servers import local_ray
 from small_run import SMALL_RUN
 
 
 @pytest.fixture(scope="module")
 def ray_three():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with local_ray(3):
+        yield
 
 
 class DeathBeforeBroadcast(CollectivePublisher):

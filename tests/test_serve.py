@@ -2,18 +2,16 @@
 the deployment registers in Redis and scores like any replica; under load a second
 replica comes up, and after the load it goes away again."""
 
-import os
 import threading
 import time
 
 import numpy as np
 import pytest
-import ray
 from g2rpo.reward_server.client import RewardClient
 from g2rpo.reward_server.discovery import live_replicas
 from g2rpo.reward_server.serve import ServeOptions, reward_application
 from g2rpo.reward_server.settings import ScorerSpec, ServerSettings
-from servers import RedisServer, free_port
+from servers import RedisServer, free_port, local_ray
 
 NAME = "g2rpo-reward-test"
 
@@ -22,14 +20,12 @@ NAME = "g2rpo-reward-test"
 def serve_cluster():
     from ray import serve
 
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    redis = RedisServer()
-    yield f"http://127.0.0.1:{port}", redis
-    serve.shutdown()
-    ray.shutdown()
+    with local_ray(4):
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        redis = RedisServer()
+        yield f"http://127.0.0.1:{port}", redis
+        serve.shutdown()
     redis.stop()
 
 

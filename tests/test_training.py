@@ -3,10 +3,10 @@
 import os
 
 import pytest
-import ray
 from g2rpo.learner.driver import read_metrics, train
 from g2rpo.learner.trainer import LearnerCore, StaleTrajectories
 from g2rpo.rollout_worker.worker import RolloutWorkerCore, WeightMismatch
+from servers import local_ray
 from small_run import SMALL_RUN, small_train, when_first_row
 
 SMALL = SMALL_RUN
@@ -14,12 +14,9 @@ SMALL = SMALL_RUN
 
 @pytest.fixture(scope="module")
 def ray_local():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(  # 2 rollout workers, learner, the job's reward replica, evaluator: 1 CPU each
-        num_cpus=5, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20
-    )
-    yield
-    ray.shutdown()
+    # 2 rollout workers, learner, the job's reward replica, evaluator: 1 CPU each
+    with local_ray(5, object_store_mb=256):
+        yield
 
 
 def _run(world, out, name, iterations, extra=(), **kw):

@@ -9,9 +9,9 @@ import shutil
 import signal
 
 import pytest
-import ray
 import torch
 from g2rpo.learner.driver import read_metrics, train
+from servers import local_ray
 from small_run import small_train, when_first_row
 
 TWO = ["train.learners=2"]
@@ -19,12 +19,9 @@ TWO = ["train.learners=2"]
 
 @pytest.fixture(scope="module")
 def ray_local():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(  # 2 workers, 2 learners, the job's reward replica, evaluator: 1 CPU each
-        num_cpus=6, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20
-    )
-    yield
-    ray.shutdown()
+    # 2 workers, 2 learners, the job's reward replica, evaluator: 1 CPU each
+    with local_ray(6, object_store_mb=256):
+        yield
 
 
 def _run(world, out, name, iterations, extra=(), **kw):
