@@ -152,9 +152,9 @@ def _apply_lora_export(comps: FluxComponents, weights: Path) -> None:
 
 
 def _load_checkpoint(comps: FluxComponents, path: Path, cfg: G2RPOConfig | None) -> None:
-    if path.is_dir():  # a learner group's sharded checkpoint: its weights, resharded
-        from ..learner.checkpoints import load_weights_into
+    from ..learner.checkpoints import is_sharded_checkpoint, load_weights_into
 
+    if is_sharded_checkpoint(path):  # a learner group's: its weights, resharded
         load_weights_into(comps.transformer, path)
         return
     state = torch.load(path, map_location="cpu", weights_only=False)

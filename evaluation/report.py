@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from ..common.stats import paired_difference, per_prompt_means
-from ..learner.run_files import finished, read_evaluations, read_metrics
+from ..learner.run_files import finished, iteration_of, read_evaluations, read_metrics
 
 TEMPLATE = "report.html.j2"
 
@@ -101,7 +101,7 @@ def run_context(run_dir: Path) -> dict:
         "headline": _headline(evaluations),
         "figures": [(fid, cap, _data_uri(png)) for fid, cap, png in run_figures(rows, evaluations)],
         "samples": [
-            (int(p.stem[3:]), _data_uri(p.read_bytes()))
+            (iteration_of(p), _data_uri(p.read_bytes()))
             for p in sorted(run_dir.glob("samples/it_*.png"))
         ],
         "final_evals": final_evals,

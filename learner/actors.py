@@ -131,9 +131,10 @@ class Learner(WeightGroupMember):
         if published is None:
             return None
         version, state, checksum = published
-        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        from ..rollout_worker.worker import state_nbytes
+
         # one object per version, shared by all workers (a LoRA run: the adapters only)
-        return version, [ray.put(state)], checksum, nbytes
+        return version, [ray.put(state)], checksum, state_nbytes(state)
 
     def placement(self) -> dict:
         from .placement import where_am_i

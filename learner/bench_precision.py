@@ -33,7 +33,7 @@ SETTINGS = {
 
 def _ratio_of(cfg, prompts: list[str]) -> tuple[torch.Tensor, int]:
     from ..reward_server.process import free_port
-    from ..rollout_worker.worker import RolloutWorkerCore
+    from ..rollout_worker.worker import RolloutWorkerCore, state_nbytes
     from .distributed import join_learner_group, leave_learner_group
     from .grpo import recompute_log_probs
     from .trainer import LearnerCore, learner_share
@@ -46,14 +46,13 @@ def _ratio_of(cfg, prompts: list[str]) -> tuple[torch.Tensor, int]:
         worker = RolloutWorkerCore(cfg, 0)
         version, state, checksum = learner.weights()
         worker.load_weights(version, state, checksum)
-        nbytes = sum(t.numel() * t.element_size() for t in state.values())
         _, cond, result, _ = worker.sample(0, prompts)
         tr = result.transitions
         with torch.no_grad():
             lp, _, _ = recompute_log_probs(
                 learner.velocity, tr, torch.arange(len(tr)), cond, learner.spec
             )
-        return torch.exp(lp.double().cpu() - tr.old_log_probs.double()), nbytes
+        return torch.exp(lp.double().cpu() - tr.old_log_probs.double()), state_nbytes(state)
     finally:
         if fsdp:
             leave_learner_group()

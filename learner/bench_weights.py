@@ -20,9 +20,9 @@ import torch
 from ..common.config import LoraOptions
 from ..common.flux import build_tiny_flux, count_parameters
 from ..common.lora import add_lora
-from ..rollout_worker.worker import load_published, weights_checksum
+from ..rollout_worker.worker import load_published, state_nbytes, weights_checksum
 from .placement import free_address
-from .trainer import trained_state
+from .trainer import in_rollout_dtype, trained_state
 from .weight_sync import WeightGroup, layout_of
 
 MODES = {  # mode: (LoRA, dtype the workers hold)
@@ -61,16 +61,13 @@ class _Member:
 class _Publisher(_Member):
     def _state(self):
         """As the learner: trained state in the workers' dtype, then its checksum."""
-        state = trained_state(self.transformer, self.lora)
-        if self.dtype != torch.float32:
-            state = {k: v.to(self.dtype) for k, v in state.items()}
+        state = in_rollout_dtype(trained_state(self.transformer, self.lora), self.dtype)
         return state, weights_checksum(state)
 
     def publish(self):
         """As Learner.publish: trained state → checksum → one object-store put."""
         state, checksum = self._state()
-        nbytes = sum(t.numel() * t.element_size() for t in state.values())
-        return [ray.put(state)], checksum, nbytes
+        return [ray.put(state)], checksum, state_nbytes(state)
 
     def stage(self):
         state, checksum = self._state()

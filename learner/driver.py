@@ -279,9 +279,7 @@ class TrainingLoop:
     def summary(self, it, weights: Published, batches, stats, evaluation) -> dict:
         row = {"iteration": it, "version": weights.version, "weights_bytes": weights.nbytes}
         row["weights_via"] = weights.via
-        if hasattr(self.publisher, "formed"):  # collective: groups formed, broadcasts failed
-            row["weight_groups_formed"] = self.publisher.formed
-            row["weight_broadcast_failures"] = self.publisher.failures
+        row.update(self.publisher.counters())
         row.update(summarise_batches(batches, stats))
         self.budget.add(row["nfe_train"])
         row["nfe_train_total"] = self.budget.total

@@ -67,6 +67,9 @@ class ObjectStorePublisher:
         load_everywhere(weights, self.actors.workers, self.timeout)
         return weights
 
+    def counters(self) -> dict:
+        return {}
+
 
 class BroadcastFailed(RuntimeError):
     """A worker did not take the broadcast version."""
@@ -103,6 +106,10 @@ class CollectivePublisher:
             weights.via = "object_store"
             load_everywhere(weights, self.actors.workers, self.timeout)
         return weights
+
+    def counters(self) -> dict:
+        """For each iteration's row: groups formed, broadcasts that failed."""
+        return {"weight_groups_formed": self.formed, "weight_broadcast_failures": self.failures}
 
     def _members(self) -> list:
         """The group each worker holds (None after a restart), once it is idle; a

@@ -23,6 +23,11 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
+def iteration_of(path: Path) -> int:
+    """N of a run file named ``it_NNNNN.<ext>`` (checkpoints, evaluations, sample grids)."""
+    return int(path.stem[3:])
+
+
 def append_metrics(run_dir: Path, row: dict) -> None:
     with (run_dir / "metrics.jsonl").open("a") as f:
         f.write(json.dumps(row) + "\n")
@@ -34,7 +39,7 @@ def truncate_metrics(run_dir: Path, start: int) -> list[dict]:
     rows = [r for r in (read_metrics(run_dir) if path.exists() else []) if r["iteration"] < start]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     for stale in (run_dir / "evals").glob("it_*.json"):
-        if int(stale.stem[3:]) >= start:
+        if iteration_of(stale) >= start:
             stale.unlink()
     (run_dir / FINISHED).unlink(missing_ok=True)
     return rows
@@ -68,7 +73,7 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
         for p in (run_dir / CKPT).glob("it_*")
         if p.suffix in (".pt", SHARDED_SUFFIX) and complete(p)
     ]
-    return sorted(found, key=lambda p: int(p.stem[3:]))
+    return sorted(found, key=iteration_of)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -109,7 +114,7 @@ def prune_checkpoints(run_dir: Path, cfg: G2RPOConfig) -> list[Path]:
     if keep is None:
         return leftovers
     pinned = set(cfg.train.checkpoint_at)
-    periodic = [p for p in list_checkpoints(run_dir) if int(p.stem[3:]) not in pinned]
+    periodic = [p for p in list_checkpoints(run_dir) if iteration_of(p) not in pinned]
     doomed = periodic[:-keep]
     for p in doomed:
         remove_checkpoint(p)

@@ -41,6 +41,14 @@ def trained_state(transformer: torch.nn.Module, lora: bool) -> dict[str, torch.T
     return {k: v.detach().cpu().clone() for k, v in transformer.state_dict().items()}
 
 
+def in_rollout_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype):
+    """``state`` as the rollout workers hold it (``model.rollout_weights_dtype``):
+    they never train, so bfloat16 halves the bytes on the wire."""
+    if dtype == torch.float32:
+        return state
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+
+
 class StaleTrajectories(RuntimeError):
     """Trajectories sampled with weights older than the staleness bound allows."""
 
@@ -200,9 +208,7 @@ class LearnerCore:
         state = self.trained_state()
         if self.share.rank != 0:
             return None
-        dtype = getattr(torch, self.cfg.model.rollout_weights_dtype)
-        if dtype != torch.float32:  # workers never train: half the bytes on the wire
-            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        state = in_rollout_dtype(state, getattr(torch, self.cfg.model.rollout_weights_dtype))
         return self.version, state, weights_checksum(state)
 
     def update(self, batches: list[Trajectories]) -> dict:

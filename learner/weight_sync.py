@@ -15,6 +15,7 @@ afresh, with the restarted actor."""
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -43,9 +44,7 @@ class Layout:
 
     @property
     def nbytes(self) -> int:
-        return sum(
-            n * torch.empty(0, dtype=getattr(torch, d)).element_size() for d, n in self.buckets
-        )
+        return sum(n * getattr(torch, d).itemsize for d, n in self.buckets)
 
 
 def layout_of(state: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTES) -> Layout:
@@ -83,13 +82,10 @@ def pack(state: dict[str, torch.Tensor], layout: Layout, device) -> list[torch.T
 
 def unpack(buffers: list[torch.Tensor], layout: Layout) -> dict[str, torch.Tensor]:
     """Views of the buckets, one per tensor (no copy)."""
-    out = {}
-    for s in layout.slots:
-        n = 1
-        for d in s.shape:
-            n *= d
-        out[s.name] = buffers[s.bucket][s.offset : s.offset + n].view(s.shape)
-    return out
+    return {
+        s.name: buffers[s.bucket][s.offset : s.offset + math.prod(s.shape)].view(s.shape)
+        for s in layout.slots
+    }
 
 
 class WeightGroup:

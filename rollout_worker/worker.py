@@ -34,6 +34,11 @@ def weights_checksum(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
+def state_nbytes(state: dict[str, torch.Tensor]) -> int:
+    """The bytes a published state puts on the wire."""
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
 def resolve_path(path: str) -> Path:
     """Relative model paths resolve against the working dir, then the repository."""
     p = Path(path)
