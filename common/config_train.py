@@ -82,6 +82,12 @@ class TrainConfig(Section):
         "GPU): FSDP2 over the transformer for a full fine-tune, data parallel for LoRA; each "
         "rank takes its share of the transitions. learner_* below is per learner",
     )
+    learner_max_batch: int = Field(
+        64,
+        ge=1,
+        description="distinct states in one learner forward/backward (its micro-batch): "
+        "the learner's saved activations grow with it",
+    )
     learner_num_cpus: float = Field(1.0, ge=0)
     learner_num_gpus: float = Field(0.0, ge=0)
     learner_resources: Resources = Field(default_factory=dict, description="custom Ray resources")
@@ -108,6 +114,17 @@ class TrainConfig(Section):
         "(a dead peer ends a broadcast here; the group is then formed again)",
     )
     worker_threads: int = Field(1, ge=1, description="torch threads per actor (CPU)")
+    gpu_memory_gib: float = Field(
+        80.0,
+        gt=0,
+        description="memory of one GPU of the cluster: `g2rpo plan` and `g2rpo train` check "
+        "each actor's estimated peak against its share of it (80: H100/A100 80GB)",
+    )
+    ignore_memory_plan: bool = Field(
+        False,
+        description="start a CUDA run even when `g2rpo plan` says an actor does not fit "
+        "(for a user who knows better; recorded in the run's config)",
+    )
     image_size: int = Field(512, ge=16)
     max_sequence_length: int = Field(512, ge=1)
     prompts: str = Field("shapes:train", description="'shapes:train' or a text file")

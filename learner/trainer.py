@@ -116,6 +116,9 @@ class LearnerCore:
         self.transformer = self._load_transformer(path)
         self.lora = cfg.model.lora is not None
         attach_lora(self.transformer, cfg)
+        if cfg.model.gradient_checkpointing:
+            # recompute each block's activations in the backward (same gradients)
+            self.transformer.enable_gradient_checkpointing()
         self.transformer.train()
         vae_config = AutoencoderKL.load_config(path, subfolder="vae", local_files_only=True)
         self.side, _ = latent_size(vae_config, cfg.train.image_size, cfg.train.image_size)
@@ -245,6 +248,7 @@ class LearnerCore:
             reference_model=self.reference,
             kl_beta=self.kl_beta,
             share=self.share,
+            max_batch=self.cfg.train.learner_max_batch,
         ).as_dict()
         self.version += 1
         self.iteration += 1
