@@ -17,8 +17,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..common.config import dump_config, load_config
+from ..common.paths import resolve_path
 from ..learner.run_files import finished, read_metrics
-from ..rollout_worker.worker import resolve_path
 from .compare_spec import CompareSpec, PlannedRun, plan_runs
 from .eval_outputs import eval_summary, write_eval_outputs
 from .evaluate import EvalSettings, SplitSamples, evaluate_policy

@@ -13,7 +13,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from ..common.config import ConfigError, G2RPOConfig, apply_override, load_config
 from ..common.config_train import Section
-from ..rollout_worker.worker import resolve_path
+from ..common.paths import resolve_path
 
 CONTROL = "algorithm.control=true"
 

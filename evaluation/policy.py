@@ -12,7 +12,8 @@ import torch
 from ..common.config import G2RPOConfig, load_config
 from ..common.flux_pipeline import FluxComponents
 from ..common.loaders import ModelPathError
-from ..rollout_worker.worker import attach_lora, resolve_path
+from ..common.paths import resolve_path
+from ..rollout_worker.worker import attach_lora
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 

@@ -131,7 +131,7 @@ class Learner(WeightGroupMember):
         if published is None:
             return None
         version, state, checksum = published
-        from ..rollout_worker.worker import state_nbytes
+        from ..common.weights import state_nbytes
 
         # one object per version, shared by all workers (a LoRA run: the adapters only)
         return version, [ray.put(state)], checksum, state_nbytes(state)

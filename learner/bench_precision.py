@@ -32,8 +32,9 @@ SETTINGS = {
 
 
 def _ratio_of(cfg, prompts: list[str]) -> tuple[torch.Tensor, int]:
+    from ..common.weights import state_nbytes
     from ..reward_server.process import free_port
-    from ..rollout_worker.worker import RolloutWorkerCore, state_nbytes
+    from ..rollout_worker.worker import RolloutWorkerCore
     from .distributed import join_learner_group, leave_learner_group
     from .grpo import recompute_log_probs
     from .trainer import LearnerCore, learner_share

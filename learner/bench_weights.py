@@ -20,7 +20,7 @@ import torch
 from ..common.config import LoraOptions
 from ..common.flux import build_tiny_flux, count_parameters
 from ..common.lora import add_lora
-from ..rollout_worker.worker import load_published, state_nbytes, weights_checksum
+from ..common.weights import load_published, state_nbytes, weights_checksum
 from .placement import free_address
 from .trainer import in_rollout_dtype, trained_state
 from .weight_sync import WeightGroup, layout_of

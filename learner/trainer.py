@@ -11,15 +11,11 @@ from ..common.config import G2RPOConfig
 from ..common.flux import FluxVelocity
 from ..common.flux_pipeline import latent_size
 from ..common.lora import BaseModelVelocity, adapter_state, load_adapter_state
+from ..common.paths import resolve_path
 from ..common.schedules import sampling_grid
+from ..common.weights import weights_checksum
 from ..rollout_worker.engine import Transitions
-from ..rollout_worker.worker import (
-    Trajectories,
-    attach_lora,
-    resolve_path,
-    seed_for,
-    weights_checksum,
-)
+from ..rollout_worker.worker import Trajectories, attach_lora, seed_for
 from .advantages import plan_advantages, plan_reward_terms
 from .checkpoints import (
     full_weights,

@@ -3,49 +3,21 @@ roll out its prompts, decode, score through the reward service, return trajector
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..common.config import G2RPOConfig
 from ..common.flux_pipeline import FluxComponents
-from ..common.lora import AdapterMismatch, add_lora, load_adapter_state
+from ..common.lora import add_lora
+from ..common.paths import resolve_path
 from ..common.schedules import sampling_grid
+from ..common.weights import load_published
 from ..reward_server.client import RewardClient
 from .engine import RolloutEngine, Transitions, draw_noise
 from .plan import RolloutPlan, algorithm_nfe, anchor_plan, plan_for
-
-
-class WeightMismatch(RuntimeError):
-    """Published weights whose checksum does not match what arrived."""
-
-
-def weights_checksum(state: dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(state):
-        h.update(name.encode())
-        # the raw bytes (numpy has no bfloat16)
-        raw = state[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-        h.update(raw.numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def state_nbytes(state: dict[str, torch.Tensor]) -> int:
-    """The bytes a published state puts on the wire."""
-    return sum(t.numel() * t.element_size() for t in state.values())
-
-
-def resolve_path(path: str) -> Path:
-    """Relative model paths resolve against the working dir, then the repository."""
-    p = Path(path)
-    if p.is_absolute() or p.exists():
-        return p
-    repo = Path(__file__).resolve().parents[1] / p
-    return repo if repo.exists() else p
 
 
 def seed_for(seed: int, iteration: int, worker: int, stream: int = 0) -> int:
@@ -59,23 +31,6 @@ def attach_lora(transformer: torch.nn.Module, cfg: G2RPOConfig) -> None:
     the learner, every worker and a resumed run build the same ones."""
     if cfg.model.lora is not None:
         add_lora(transformer, cfg.model.lora, seed_for(cfg.run.seed, 0, 0, 2))
-
-
-def load_published(
-    transformer: torch.nn.Module, version: int, state: dict, checksum: str, lora: bool
-) -> None:
-    """Verify a published version's checksum, then load it strictly: the adapters of
-    a LoRA run, else every weight."""
-    got = weights_checksum(state)
-    if got != checksum:
-        raise WeightMismatch(f"weights v{version}: checksum {got} != published {checksum}")
-    if lora:
-        try:
-            load_adapter_state(transformer, state)
-        except AdapterMismatch as exc:
-            raise WeightMismatch(f"weights v{version}: {exc}") from None
-    else:
-        transformer.load_state_dict(state)
 
 
 @torch.no_grad()

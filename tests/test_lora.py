@@ -5,9 +5,10 @@ is the base model; the compute dtype reaches both sides."""
 import pytest
 import torch
 from g2rpo.common.config import load_config
+from g2rpo.common.weights import WeightMismatch
 from g2rpo.learner.trainer import LearnerCore
 from g2rpo.rollout_worker.plan import anchor_plan, plan_for
-from g2rpo.rollout_worker.worker import RolloutWorkerCore, Trajectories, WeightMismatch
+from g2rpo.rollout_worker.worker import RolloutWorkerCore, Trajectories
 from small_run import SMALL_RUN
 
 SMALL = [*SMALL_RUN, "train.workers=1", "optim.lr=1e-3"]
@@ -82,7 +83,7 @@ def test_adapters_only_are_published_and_workers_match_the_learner(quick_world, 
     # a state that does not fit the adapters is refused, naming what is wrong
     bad = dict(state)
     bad.pop(next(iter(bad)))
-    from g2rpo.rollout_worker.worker import weights_checksum
+    from g2rpo.common.weights import weights_checksum
 
     with pytest.raises(WeightMismatch, match="missing"):
         worker.load_weights(version, bad, weights_checksum(bad))

@@ -3,9 +3,10 @@
 import os
 
 import pytest
+from g2rpo.common.weights import WeightMismatch
 from g2rpo.learner.driver import read_metrics, train
 from g2rpo.learner.trainer import LearnerCore, StaleTrajectories
-from g2rpo.rollout_worker.worker import RolloutWorkerCore, WeightMismatch
+from g2rpo.rollout_worker.worker import RolloutWorkerCore
 from servers import local_ray
 from small_run import SMALL_RUN, small_train, when_first_row
 
