@@ -160,6 +160,9 @@ class SamplingConfig(Section):
     group_size: int = Field(12, ge=2, description="G, branches per group")
     prompts_per_worker: int = Field(1, ge=1)
     max_batch: int = Field(256, ge=1, description="largest batch of one model call")
+    decode_batch: int = Field(
+        64, ge=1, description="images per VAE decode call (its activations grow with image size)"
+    )
     execution: Literal["batched", "reference"] = "batched"
 
     @field_validator("sde_steps")

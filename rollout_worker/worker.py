@@ -45,13 +45,14 @@ def sample_on_pipeline(
     size: int,
     max_sequence_length: int,
     max_batch: int = 256,
+    decode_batch: int = 64,
 ):
     """Encode the prompts, run the plan with noise drawn from ``gen``, decode every
     leaf: (prompt embeddings, RolloutResult, uint8 images [leaves, size, size, 3])."""
     cond = comps.encode_prompts(prompts, max_sequence_length)
     init, sde = draw_noise(plan, comps.packed_shape(size, size), gen)
     result = RolloutEngine(model, grid, max_batch=max_batch).run(plan, cond, init, sde)
-    return cond, result, comps.decode(result.leaf_latents, size, size)
+    return cond, result, comps.decode(result.leaf_latents, size, size, batch=decode_batch)
 
 
 @dataclass
@@ -131,6 +132,7 @@ class RolloutWorkerCore:
             size=self.cfg.train.image_size,
             max_sequence_length=self.cfg.train.max_sequence_length,
             max_batch=self.cfg.sampling.max_batch,
+            decode_batch=self.cfg.sampling.decode_batch,
         )
 
     def sample(self, iteration: int, prompts: list[str]):
