@@ -126,7 +126,15 @@ class FluxVelocity:
         from torch.nn.attention import sdpa_kernel
 
         with (
-            torch.autocast(device.type, dtype=compute or f32, enabled=compute is not None),
+            # no weight cache: it would hold a low-precision copy of every weight for the
+            # whole forward, defeating gradient checkpointing (the copies a backward
+            # needs are saved by autograd either way)
+            torch.autocast(
+                device.type,
+                dtype=compute or f32,
+                enabled=compute is not None,
+                cache_enabled=False,
+            ),
             sdpa_kernel(self._kernels),
             naming_backend(self.attention_backend),
         ):

@@ -49,7 +49,7 @@ class FluxComponents:
         for sub in COMPONENTS:
             resolve_local_dir(root / sub, f"FLUX pipeline component {sub!r}")
         kw = dict(local_files_only=True)
-        return cls(
+        comps = cls(
             transformer=FluxTransformer2DModel.from_pretrained(
                 root, subfolder="transformer", torch_dtype=dtype, **kw
             ).to(device),
@@ -69,6 +69,15 @@ class FluxComponents:
             tokenizer_2=AutoTokenizer.from_pretrained(root / "tokenizer_2", **kw),
             path=root,
         )
+        return comps.for_inference()
+
+    def for_inference(self) -> FluxComponents:
+        """Every model in eval mode without gradients. These components only sample
+        (the learner builds its own transformer); a weight that requires grad would
+        make autocast keep a low-precision copy of it for the whole forward."""
+        for model in (self.transformer, self.vae, self.text_encoder, self.text_encoder_2):
+            model.eval().requires_grad_(False)
+        return self
 
     @property
     def device(self) -> torch.device:
@@ -115,7 +124,7 @@ class FluxComponents:
             max_sequence_length,
         )
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def decode(
         self, packed: torch.Tensor, height: int, width: int, batch: int = 64
     ) -> torch.Tensor:

@@ -130,8 +130,7 @@ def load_policy(source: PolicySource, device: str = "cpu") -> FluxComponents:
         ).to(device)
     else:
         _load_checkpoint(comps, source.weights, source.config)
-    comps.transformer.eval()
-    return comps
+    return comps.for_inference()  # adapters or a reloaded transformer included
 
 
 def _apply_lora_export(comps: FluxComponents, weights: Path) -> None:

@@ -227,6 +227,10 @@ class LearnerCore:
             for b in batches
         ]
         transitions, cond = merge(batches)
+        # trajectories arrive on the CPU; the learner computes on its own device
+        device = torch.device(self.cfg.model.device)
+        transitions = transitions.to(device)
+        cond = {k: v.to(device) for k, v in cond.items()}
         adv = torch.cat(advs)
         o = self.cfg.optim
         stats = grpo_update(

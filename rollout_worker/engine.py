@@ -12,7 +12,7 @@ outputs agree to the model's batch-size rounding.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import torch
@@ -56,6 +56,16 @@ class Transitions:
 
     def __len__(self) -> int:
         return int(self.old_log_probs.shape[0])
+
+    def to(self, device) -> Transitions:
+        """The sample tensors on ``device``; the index tensors stay on the CPU, where
+        the bookkeeping that reads them runs (a CUDA tensor takes CPU indices)."""
+        return replace(
+            self,
+            states=self.states.to(device),
+            next_samples=self.next_samples.to(device),
+            old_log_probs=self.old_log_probs.to(device),
+        )
 
 
 @dataclass
@@ -110,11 +120,14 @@ class RolloutEngine:
         outs, calls = [], 0
         for lo in range(0, x.shape[0], self.max_batch):
             hi = min(lo + self.max_batch, x.shape[0])
-            p = prompts[lo:hi].to(x.device)
-            chunk_cond = {name: c.index_select(0, p) for name, c in cond.items()}
+            p = prompts[lo:hi]  # CPU bookkeeping; each gather runs where its tensor is
+            chunk_cond = {name: c.index_select(0, p.to(c.device)) for name, c in cond.items()}
             t = self.timesteps.index_select(0, steps[lo:hi]).to(x.device)
-            outs.append(self.model(x[lo:hi], t, chunk_cond).to(torch.float32))
+            # a rollout never backpropagates: no autograd state, no autocast weight cache
+            with torch.inference_mode():
+                outs.append(self.model(x[lo:hi], t, chunk_cond).to(torch.float32))
             calls += 1
+        # outside inference mode: the states built from v may reach a learner's autograd
         return torch.cat(outs), calls
 
     def _advance(

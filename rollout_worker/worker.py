@@ -50,7 +50,8 @@ def sample_on_pipeline(
     """Encode the prompts, run the plan with noise drawn from ``gen``, decode every
     leaf: (prompt embeddings, RolloutResult, uint8 images [leaves, size, size, 3])."""
     cond = comps.encode_prompts(prompts, max_sequence_length)
-    init, sde = draw_noise(plan, comps.packed_shape(size, size), gen)
+    # drawn on the CPU generator (the same noise on any device), moved once
+    init, sde = (t.to(comps.device) for t in draw_noise(plan, comps.packed_shape(size, size), gen))
     result = RolloutEngine(model, grid, max_batch=max_batch).run(plan, cond, init, sde)
     return cond, result, comps.decode(result.leaf_latents, size, size, batch=decode_batch)
 
@@ -84,7 +85,7 @@ class RolloutWorkerCore:
             text_encoder_dtype=cfg.model.autocast_dtype() or torch.float32,
         )
         attach_lora(self.comps.transformer, cfg)  # replaced by the published ones on load
-        self.comps.transformer.eval()
+        self.comps.for_inference()  # the adapters too: no grad, no autocast weight cache
         size = cfg.train.image_size
         self.model = self.comps.velocity_model(
             size,
@@ -167,21 +168,34 @@ class RolloutWorkerCore:
             images.numpy(), leaf_prompts, names, request_id=f"it{iteration}-w{self.worker}"
         )
         t2 = time.perf_counter()
+        return self.trajectories(
+            iteration,
+            prompts,
+            plan,
+            cond,
+            result,
+            response.scores,
+            timings={"rollout_s": t1 - t0, "reward_s": t2 - t1},
+        )
+
+    def trajectories(
+        self, iteration, prompts, plan, cond, result, scores, timings=None
+    ) -> Trajectories:
+        """What leaves the worker for the learner, on the CPU: a GPU-less driver must
+        be able to hold it, and the learner moves it to its own device."""
         return Trajectories(
             worker=self.worker,
             iteration=iteration,
             version=self.version,
             prompts=list(prompts),
             plan=plan,
-            transitions=result.transitions,
-            cond=cond,
-            leaf_rewards={
-                n: torch.tensor(v, dtype=torch.float32) for n, v in response.scores.items()
-            },
+            transitions=result.transitions.to("cpu"),
+            cond={k: v.detach().cpu() for k, v in cond.items()},
+            leaf_rewards={n: torch.tensor(v, dtype=torch.float32) for n, v in scores.items()},
             nfe=result.nfe,
             model_calls=result.model_calls,
             nfe_algorithm=algorithm_nfe(plan),
-            timings={"rollout_s": t1 - t0, "reward_s": t2 - t1},
+            timings=dict(timings or {}),
         )
 
     def evaluate(
@@ -196,11 +210,17 @@ class RolloutWorkerCore:
         """Deterministic anchor samples of fixed prompts with fixed noise, scored:
         (uint8 images, scores per scorer, seconds it took)."""
         t0 = time.perf_counter()
+        images = self.eval_images(prompts, seed)
+        client = self._reward_client(reward_urls, redis_url, token)
+        names = scorers or [r.name for r in self.cfg.rewards]
+        response = client.score(images, prompts, names)
+        return images, response.scores, time.perf_counter() - t0
+
+    def eval_images(self, prompts: list[str], seed: int) -> np.ndarray:
+        """The policy's deterministic sample of each prompt from noise drawn from
+        ``seed``: uint8 [P, H, W, 3]."""
         gen = torch.Generator().manual_seed(seed)
         _, _, images = self._sample(
             anchor_plan(len(prompts), self.cfg.sampling.num_steps), prompts, gen
         )
-        client = self._reward_client(reward_urls, redis_url, token)
-        names = scorers or [r.name for r in self.cfg.rewards]
-        response = client.score(images.numpy(), prompts, names)
-        return images.numpy(), response.scores, time.perf_counter() - t0
+        return images.numpy()

@@ -1,0 +1,115 @@
+"""Device discipline without a GPU: the rollout worker, the learner and both
+evaluators run on a stand-in accelerator (tests/fake_accelerator.py) that computes
+on the CPU but refuses any op mixing its tensors with CPU tensors, as CUDA does.
+
+What these catch is the class of bug a CPU-only CI never sees: noise drawn on the
+CPU meeting conditioning on the device, trajectories sent to the driver as device
+tensors, a learner taking its device from the data it was sent."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fake_accelerator import NAME, DeviceMix, on_fake_gpu
+
+REPO = Path(__file__).resolve().parents[1]
+WORLD = REPO / "assets" / "shapes-world"
+SMALL = [
+    f"model.device={NAME}",
+    f"model.pretrained={WORLD / 'pipeline'}",
+    "sampling.num_steps=6",
+    "sampling.sde_steps=[0, 2]",
+    "sampling.group_size=3",
+    "sampling.prompts_per_worker=2",
+    "sampling.max_batch=5",  # several chunks per model call
+    "sampling.decode_batch=4",
+    "train.workers=1",
+    "train.learner_max_batch=1",
+]
+PROMPTS = ["a red circle on a blue background", "a green square on a yellow background"]
+
+
+def _tensors(obj):
+    """Every tensor inside a (nested) dataclass / dict / list."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _tensors(getattr(obj, f.name))
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def test_the_stand_in_accelerator_refuses_what_cuda_refuses():
+    with on_fake_gpu() as gpu:
+        on_device = torch.randn(4, 3, device=gpu)
+        with pytest.raises(DeviceMix, match="index_select"):
+            on_device.index_select(0, torch.tensor([0, 2]))  # CUDA wants the index there too
+        with pytest.raises(DeviceMix, match="add"):
+            on_device + torch.ones(4, 3)
+        with pytest.raises(DeviceMix, match="generator"):
+            torch.randn(2, generator=torch.Generator().manual_seed(0), device=gpu)
+        # what CUDA allows: CPU scalars, CPU indices in advanced indexing, copies
+        assert (on_device * torch.tensor(2.0)).device == gpu
+        assert on_device[torch.tensor([0, 2])].device == gpu
+        back = on_device.cpu()
+        assert back.device.type == "cpu" and torch.equal(back, on_device.cpu())
+        # real values: autograd and an optimizer step run
+        w = torch.nn.Parameter(torch.ones(3, device=gpu))
+        (on_device @ w).sum().backward()
+        grad = on_device.sum(0).cpu()
+        assert w.grad.device == gpu and torch.allclose(w.grad.cpu(), grad)
+        torch.optim.AdamW([w], lr=0.1, weight_decay=0.0).step()  # Adam's 1st step: lr·sign
+        assert torch.allclose(w.detach().cpu(), 1.0 - 0.1 * grad.sign(), atol=1e-6)
+
+
+def test_rollout_learner_and_evaluators_keep_their_tensors_on_their_devices():
+    from g2rpo.common.config import load_config
+    from g2rpo.learner.trainer import LearnerCore
+    from g2rpo.reward_server.scorers.registry import make_scorer
+    from g2rpo.rollout_worker.worker import RolloutWorkerCore
+
+    cfg = load_config(REPO / "configs" / "tiny.yaml", SMALL)
+    oracle = make_scorer("shapes_oracle")
+    with on_fake_gpu() as gpu:
+        worker = RolloutWorkerCore(cfg, 0)
+        learner = LearnerCore(cfg)
+        assert worker.comps.device == gpu and learner.velocity.device == gpu
+        # rollout models hold no autograd state (no autocast weight cache either)
+        assert not any(p.requires_grad for p in worker.comps.transformer.parameters())
+
+        version, state, checksum = learner.weights()
+        assert {t.device.type for t in state.values()} == {"cpu"}  # published from the host
+        worker.load_weights(version, state, checksum)
+
+        plan, cond, result, images = worker.sample(0, PROMPTS)
+        assert images.device.type == "cpu" and images.dtype == torch.uint8
+        leaf_prompts = [PROMPTS[leaf.prompt] for leaf in plan.leaves]
+        scores = {"shapes_clip": oracle.score(images.numpy(), leaf_prompts)}
+        batch = worker.trajectories(0, PROMPTS, plan, cond, result, scores)
+        # what crosses to the driver is on the CPU (a GPU-less head must hold it)
+        assert {t.device.type for t in _tensors(batch)} == {"cpu"}
+
+        stats = learner.update([batch])
+        assert stats["optimizer_steps"] == 2 and np.isfinite(stats["loss"])
+        assert abs(stats["ratio_mean"] - 1.0) < 1e-4  # rollout and learner agree on device
+
+        # the training-time evaluator and `g2rpo eval`'s sampler
+        eval_images = worker.eval_images(PROMPTS, seed=7)
+        assert eval_images.shape == (2, 32, 32, 3) and eval_images.dtype == np.uint8
+        from g2rpo.evaluation.evaluate import EvalSettings, sample_fixed_noise
+        from g2rpo.evaluation.policy import load_policy, resolve_policy
+
+        comps = load_policy(resolve_policy(WORLD / "pipeline"), device=NAME)
+        settings = EvalSettings(image_size=32, num_steps=6, max_sequence_length=16, batch=2)
+        sampled = sample_fixed_noise(comps, PROMPTS, 7, settings)
+        # the same policy, the same noise, the same steps: the same images either way
+        np.testing.assert_array_equal(sampled, eval_images)
