@@ -26,7 +26,7 @@ CACHE_VERSION = 1
 _PARAM_KINDS = ("Parameter", "Gradient", "Optstate", "Buffer", "Total")
 
 
-class _ActivationPeak(MemTracker):
+class ActivationPeakTracker(MemTracker):
     """MemTracker that also keeps the peak of everything but weights, gradients and
     optimizer state (what a forward/backward adds on top of the model)."""
 
@@ -38,6 +38,12 @@ class _ActivationPeak(MemTracker):
     def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
         # frozen weights (inference) cannot take gradient hooks
         return super()._track_module_params_and_buffers(module, install_grad_hooks and self.grads)
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        # a rollout calls the same modules many times; per-module stats are not used
+        if module in self.memory_tracking and not self._mod_tracker.is_bw:
+            del self.memory_tracking[module]
+        super()._pre_fw_hook(module, inputs)
 
     def _update_peak_stats(self, peak_state) -> None:
         super()._update_peak_stats(peak_state)
@@ -137,7 +143,7 @@ def _trace_transformer_once(
             autocast_dtype=getattr(torch, autocast_dtype) if autocast_dtype else None,
         )
         x, t, cond = _inputs(config, batch, latent_hw, text_tokens)
-        tracker = _ActivationPeak(grads=train)
+        tracker = ActivationPeakTracker(grads=train)
         tracker.track_external(model)
         with tracker:
             if train:
@@ -183,7 +189,7 @@ def vae_decode_activations(vae_config: dict, latent_hw: tuple[int, int]) -> int:
         with _fake_mode():
             vae = AutoencoderKL.from_config(arch).eval().requires_grad_(False)
             z = torch.randn(1, arch["latent_channels"], *latent_hw)
-            tracker = _ActivationPeak(grads=False)
+            tracker = ActivationPeakTracker(grads=False)
             tracker.track_external(vae)
             with tracker, torch.inference_mode():
                 vae.decode(z, return_dict=False)
