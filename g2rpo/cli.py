@@ -9,6 +9,7 @@ import sys
 from g2rpo import __version__
 from g2rpo.cli_bench import add_bench_parsers
 from g2rpo.cli_evidence import add_evidence_parsers
+from g2rpo.cli_plan import add_plan_parsers
 from g2rpo.cli_reward import add_reward_parsers
 
 
@@ -151,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre.set_defaults(func=_cmd_pretrain)
 
     add_evidence_parsers(sub)
+    add_plan_parsers(sub)
 
     emb = sub.add_parser(
         "embed-prompts", help="precompute prompt embeddings into a safetensors cache"

@@ -1,0 +1,335 @@
+"""Each actor's peak device memory for a run's config, and what it is made of.
+
+Weights, gradients, optimizer state, FSDP shards and gather buffers are counted from
+the architecture (parameters built on the meta device); activations come from
+fake-tensor traces (``trace.py``), which scale linearly in the batch. A learner's
+figure is the steady state of an update with more than one micro-batch per optimizer
+step: weights + the previous micro-batch's gradients + AdamW's states + one
+micro-batch of ``train.learner_max_batch`` states' activations (an upper bound when a
+micro-batch is all of an optimizer step, whose gradients only grow in its backward).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from ..common.config import G2RPOConfig
+from ..common.flux_pipeline import latent_size
+from ..common.paths import resolve_path
+from .presets import preset_config
+from .trace import cached, transformer_activations, vae_decode_activations
+
+GiB = 2**30
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Scorer weights (parameters) and one scoring batch's activations per image, in
+# bfloat16 on a GPU: OpenCLIP ViT-H-14 (HPSv2, PickScore, CLIP score), BLIP ViT-L + BERT
+# (ImageReward); the shapes world's CLIP is tiny; the others have no weights.
+SCORER_PARAMS = {
+    "hpsv2": 986e6,
+    "pickscore": 986e6,
+    "clip_score": 986e6,
+    "image_reward": 450e6,
+    "shapes_clip": 2e6,
+}
+SCORER_IMAGE_BYTES = 16 * 2**20  # ViT-H at 224²: 257 tokens × (5120 + 3·1280) × bf16 ×2
+SCORING_BATCH = 64
+
+
+@dataclass
+class ActorPlan:
+    actor: str  # rollout worker, learner rank, evaluator, reward replica
+    count: int  # actors of this kind
+    gpus: float  # num_gpus each asks Ray for
+    parts: dict[str, int] = field(default_factory=dict)  # bytes by what they are
+    budget: int = 0  # bytes of the GPU share it may use
+    on_gpu: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def fits(self) -> bool:
+        if not self.on_gpu:
+            return True
+        return self.gpus > 0 and self.peak <= self.budget
+
+
+@dataclass
+class Plan:
+    actors: list[ActorPlan]
+    gpus_asked: float
+    gpu_memory: int
+    architecture: str
+
+    @property
+    def fits(self) -> bool:
+        return all(a.fits for a in self.actors)
+
+
+# ---------------------------------------------------------------- architecture
+
+
+def architecture(cfg: G2RPOConfig) -> tuple[dict[str, dict], str]:
+    """The config.json of each component: from ``model.pretrained`` when that
+    directory is here, else FLUX.1-dev's preset (a cluster path such as
+    /models/FLUX.1-dev is usually absent where one plans)."""
+    names = ("transformer", "vae", "text_encoder", "text_encoder_2")
+    if cfg.model.pretrained is not None:
+        root = resolve_path(cfg.model.pretrained)
+        if all((Path(root) / n / "config.json").is_file() for n in names):
+            return {n: json.loads((Path(root) / n / "config.json").read_text()) for n in names}, (
+                str(root)
+            )
+    where = cfg.model.pretrained or "none"
+    return {n: preset_config("flux1-dev", n) for n in names}, (
+        f"preset flux1-dev (model.pretrained {where} not found here)"
+    )
+
+
+def _build_meta(component: str, config: dict) -> torch.nn.Module:
+    from diffusers import AutoencoderKL, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    arch = {k: v for k, v in config.items() if not k.startswith("_")}
+    with torch.device("meta"):
+        if component == "transformer":
+            return FluxTransformer2DModel.from_config(arch)
+        if component == "vae":
+            return AutoencoderKL.from_config(arch)
+        if component == "text_encoder":
+            return CLIPTextModel(CLIPTextConfig.from_dict(config))
+        return T5EncoderModel(T5Config.from_dict(config))
+
+
+def parameter_counts(component: str, config: dict, lora: dict | None = None) -> dict:
+    """{"total", "largest_block", "linear", "adapters"} parameters of a component."""
+
+    def compute() -> dict:
+        module = _build_meta(component, config)
+        out = {"total": sum(p.numel() for p in module.parameters()), "adapters": 0}
+        blocks = [
+            b
+            for name in ("transformer_blocks", "single_transformer_blocks")
+            for b in getattr(module, name, [])
+        ]
+        out["largest_block"] = max(
+            (sum(p.numel() for p in b.parameters()) for b in blocks), default=0
+        )
+        if lora is not None:
+            from ..common.config import LoraOptions
+            from ..common.lora import add_lora
+
+            add_lora(module, LoraOptions(**lora), 0)
+            out["adapters"] = sum(p.numel() for p in module.parameters()) - out["total"]
+        return out
+
+    return cached("params", {"component": component, "config": config, "lora": lora}, compute)
+
+
+# ---------------------------------------------------------------- the actors
+
+
+def _gb_budget(cfg: G2RPOConfig, gpus: float, gpu_memory: int) -> int:
+    """Actors sharing a GPU through fractional num_gpus split its memory."""
+    return int(gpu_memory * min(gpus, 1.0))
+
+
+def _latent_hw(archs, cfg) -> tuple[int, int]:
+    return latent_size(archs["vae"], cfg.train.image_size, cfg.train.image_size)
+
+
+def _text_encoders(cfg, archs, parts: dict) -> None:
+    te_bytes = _BYTES[cfg.model.dtype] if cfg.model.dtype != "float32" else 4
+    for name, label in (("text_encoder", "CLIP text encoder"), ("text_encoder_2", "T5 encoder")):
+        parts[f"{label} weights"] = parameter_counts(name, archs[name])["total"] * te_bytes
+
+
+def _sampler(cfg, archs, name: str, rows: int, leaves: int, live_states: int) -> ActorPlan:
+    """A rollout worker or the evaluator (the same core): the pipeline's weights, the
+    rollout tree's live latents, and the larger of one transformer call and one
+    VAE decode call."""
+    m, s = cfg.model, cfg.sampling
+    lora = m.lora.model_dump() if m.lora is not None else None
+    counts = parameter_counts("transformer", archs["transformer"], lora)
+    w_dtype = str(m.rollout_weights_torch_dtype()).removeprefix("torch.")
+    parts = {f"transformer weights ({w_dtype})": counts["total"] * _BYTES[w_dtype]}
+    if counts["adapters"]:
+        parts["LoRA adapters (float32)"] = counts["adapters"] * 4
+    parts["VAE weights (float32)"] = parameter_counts("vae", archs["vae"])["total"] * 4
+    _text_encoders(cfg, archs, parts)
+    hw = _latent_hw(archs, cfg)
+    tokens = (hw[0] // 2) * (hw[1] // 2) * archs["transformer"]["in_channels"]
+    parts["rollout tree latents"] = live_states * tokens * 4
+    batch = min(s.max_batch, rows)
+    one = transformer_activations(
+        archs["transformer"],
+        batch=1,
+        latent_hw=hw,
+        text_tokens=cfg.train.max_sequence_length,
+        weights_dtype=w_dtype,
+        autocast_dtype=m.dtype if m.dtype != "float32" else None,
+        train=False,
+        checkpointing=False,
+        lora=None,
+    )["bytes"]
+    decode = min(s.decode_batch, leaves)
+    vae = vae_decode_activations(archs["vae"], hw)
+    forward, decoding = one * batch, vae * decode
+    if forward >= decoding:
+        parts[f"transformer forward ({batch} samples)"] = forward
+    else:
+        parts[f"VAE decode ({decode} images)"] = decoding
+    return ActorPlan(actor=name, count=0, gpus=0.0, parts=parts)
+
+
+def rollout_worker(cfg: G2RPOConfig, archs) -> ActorPlan:
+    from ..rollout_worker.plan import plan_for
+
+    plan = plan_for(cfg, 0, torch.Generator().manual_seed(0))
+    leaves = len(plan.leaves)
+    live = plan.num_roots + 3 * plan.num_noises + leaves  # noise table, recorded pairs
+    out = _sampler(cfg, archs, "rollout worker", leaves, leaves, live)
+    out.count, out.gpus = cfg.train.workers, cfg.train.worker_num_gpus
+    return out
+
+
+def evaluator(cfg: G2RPOConfig, archs) -> ActorPlan:
+    t = cfg.train
+    samples = t.eval_samples * t.eval_per_prompt
+    out = _sampler(cfg, archs, "evaluator", samples, samples, 2 * samples)
+    out.count, out.gpus = 1, t.eval_num_gpus
+    return out
+
+
+def learner_rank(cfg: G2RPOConfig, archs) -> ActorPlan:
+    from ..learner.trainer import sharded_learner
+
+    m, t = cfg.model, cfg.train
+    lora = m.lora.model_dump() if m.lora is not None else None
+    counts = parameter_counts("transformer", archs["transformer"], lora)
+    sharded = sharded_learner(cfg)
+    ranks = t.learners if sharded else 1
+    mp = m.mixed_precision == "fsdp"
+    total = counts["total"]
+    parts: dict[str, int] = {}
+    if lora is None:
+        trainable = total
+        parts["weights (float32 master)" + (f", 1/{ranks}" if sharded else "")] = 4 * total // ranks
+    else:
+        trainable = counts["adapters"]
+        parts[f"base weights ({m.dtype})"] = total * _BYTES[m.dtype]
+        parts["LoRA adapters (float32)"] = 4 * trainable
+    shard = f", 1/{ranks}" if sharded else ""
+    parts[f"gradients (float32{shard})"] = 4 * trainable // ranks
+    parts[f"AdamW states (2 x float32{shard})"] = 8 * trainable // ranks
+    if sharded:  # the block being computed and the one prefetched, unsharded
+        gather = _BYTES[m.dtype] if mp else 4
+        parts["FSDP all-gather buffers (2 blocks)"] = 2 * counts["largest_block"] * gather
+    if cfg.algorithm.name == "flowgrpo" and cfg.algorithm.flowgrpo.kl_beta > 0 and lora is None:
+        parts[f"KL reference copy (float32{shard})"] = 4 * total // ranks
+    hw = _latent_hw(archs, cfg)
+    shape = dict(
+        batch=1,
+        latent_hw=hw,
+        text_tokens=t.max_sequence_length,
+        train=True,
+        checkpointing=m.gradient_checkpointing,
+        # LoRA's activations traced as the base trained in model.dtype: the adapters'
+        # weight gradients need the same saved inputs (peft cannot wrap fake modules)
+        lora=None,
+    )
+    compute = m.dtype if m.dtype != "float32" else None
+    base_dtype = m.dtype if lora is not None else "float32"
+    # activations as computed in model.dtype (FSDP's policy gathers weights in it)
+    acts = transformer_activations(
+        archs["transformer"],
+        weights_dtype=m.dtype if (mp or lora is not None) else "float32",
+        autocast_dtype=None if mp else compute,
+        **shape,
+    )["bytes"]
+    batch = t.learner_max_batch
+    saved = "checkpointed" if m.gradient_checkpointing else "saved"
+    if not mp and compute is not None and base_dtype == "float32":
+        # autocast over float32 trainable weights caches a bf16 copy of each weight
+        plain = transformer_activations(
+            archs["transformer"], weights_dtype=m.dtype, autocast_dtype=compute, **shape
+        )["bytes"]
+        cache = max(acts - plain, 0)
+        parts[f"activations ({batch} states, {saved})"] = plain * batch
+        parts[f"autocast cache ({m.dtype} weight copies)"] = cache
+    else:
+        parts[f"activations ({batch} states, {saved})"] = acts * batch
+    return ActorPlan(actor="learner rank", count=t.learners, gpus=t.learner_num_gpus, parts=parts)
+
+
+def reward_scorer_names(cfg: G2RPOConfig) -> list[str]:
+    named = [s.split("=", 1)[0] for s in cfg.train.reward.scorers]
+    return named or [r.name for r in cfg.rewards]
+
+
+def reward_replica(cfg: G2RPOConfig) -> ActorPlan:
+    r = cfg.train.reward
+    parts = {}
+    for name in reward_scorer_names(cfg):
+        params = SCORER_PARAMS.get(name, 0)
+        if params:
+            parts[f"{name} weights (bfloat16)"] = int(params * 2)
+    if parts:
+        parts[f"scoring batch ({SCORING_BATCH} images)"] = SCORING_BATCH * SCORER_IMAGE_BYTES
+    return ActorPlan(
+        actor="reward replica",
+        count=r.job_replicas(),
+        gpus=r.num_gpus,
+        parts=parts,
+        on_gpu=r.num_gpus > 0,
+    )
+
+
+def gpus_asked(cfg: G2RPOConfig) -> float:
+    """What the config asks Ray for, in GPUs (compare a recipe's header with it)."""
+    t = cfg.train
+    return (
+        t.workers * t.worker_num_gpus
+        + t.learners * t.learner_num_gpus
+        + (t.eval_num_gpus if t.eval_actor else 0.0)
+        + t.reward.job_replicas() * t.reward.num_gpus
+    )
+
+
+@lru_cache(maxsize=256)
+def _plan_cached(text: str, gpu_memory: int) -> Plan:
+    cfg = G2RPOConfig.model_validate_json(text)
+    return _plan(cfg, gpu_memory)
+
+
+def plan(cfg: G2RPOConfig, gpu_memory_gib: float | None = None) -> Plan:
+    """Every actor kind's estimate and verdict against ``gpu_memory_gib`` (default
+    ``train.gpu_memory_gib``) of GPU memory."""
+    gib = cfg.train.gpu_memory_gib if gpu_memory_gib is None else gpu_memory_gib
+    return _plan_cached(cfg.model_dump_json(), int(gib * GiB))
+
+
+def _plan(cfg: G2RPOConfig, gpu_memory: int) -> Plan:
+    archs, where = architecture(cfg)
+    actors = [rollout_worker(cfg, archs), learner_rank(cfg, archs)]
+    if cfg.train.eval_actor:
+        actors.append(evaluator(cfg, archs))
+    if cfg.train.reward.job_replicas() > 0:
+        actors.append(reward_replica(cfg))
+    on_gpu = cfg.model.device.startswith("cuda")
+    for a in actors:
+        if a.actor != "reward replica":
+            a.on_gpu = on_gpu
+        a.budget = _gb_budget(cfg, a.gpus, gpu_memory)
+        if a.on_gpu and a.gpus <= 0:
+            a.notes.append("asks Ray for no GPU while model.device is cuda")
+    return Plan(
+        actors=actors, gpus_asked=gpus_asked(cfg), gpu_memory=gpu_memory, architecture=where
+    )

@@ -1,0 +1,198 @@
+"""Activation memory of the models a run holds, traced on fake tensors.
+
+Each trace builds the module under ``FakeTensorMode`` (no storage is allocated, no
+arithmetic runs) and runs it under torch's ``MemTracker``, which accounts every
+storage the dispatcher creates. What we keep is the peak of the memory that is
+neither parameters, gradients nor optimizer state: saved activations, autograd
+temporaries, the autocast cache. The transformer is traced at reduced depth and
+extrapolated linearly in its block counts (one forward saves per block), which keeps
+a FLUX.1-dev plan at a few seconds per distinct shape; results are cached on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from ..common.flux import FluxVelocity
+
+CACHE_VERSION = 1
+_PARAM_KINDS = ("Parameter", "Gradient", "Optstate", "Buffer", "Total")
+
+
+class ActivationPeakTracker(MemTracker):
+    """MemTracker that also keeps the peak of everything but weights, gradients and
+    optimizer state (what a forward/backward adds on top of the model)."""
+
+    def __init__(self, grads: bool = True) -> None:
+        super().__init__()
+        self.transient_peak = 0
+        self.grads = grads
+
+    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+        # frozen weights (inference) cannot take gradient hooks
+        return super()._track_module_params_and_buffers(module, install_grad_hooks and self.grads)
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        # a rollout calls the same modules many times; per-module stats are not used
+        if module in self.memory_tracking and not self._mod_tracker.is_bw:
+            del self.memory_tracking[module]
+        super()._pre_fw_hook(module, inputs)
+
+    def _update_peak_stats(self, peak_state) -> None:
+        super()._update_peak_stats(peak_state)
+        for snap in self._curr_mem_snap.values():
+            extra = sum(v for k, v in snap.items() if k not in _PARAM_KINDS)
+            self.transient_peak = max(self.transient_peak, extra)
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("G2RPO_PLAN_CACHE") or Path.home() / ".cache" / "g2rpo" / "plan"
+    return Path(root)
+
+
+def cached(kind: str, key: dict, compute) -> dict:
+    """``compute()`` once per distinct ``key`` (a JSON-able dict), kept on disk."""
+    text = json.dumps({"kind": kind, "v": CACHE_VERSION, **key}, sort_keys=True)
+    path = cache_dir() / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    result = compute()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result))
+    except OSError:
+        pass  # a read-only home: plan without the cache
+    return result
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Build modules in ``dtype`` (``Module.to`` cannot swap fake parameters)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _transformer(config: dict, layers: int, single: int):
+    from diffusers import FluxTransformer2DModel
+
+    cfg = {k: v for k, v in config.items() if not k.startswith("_")}
+    cfg.update(num_layers=layers, num_single_layers=single)
+    return FluxTransformer2DModel.from_config(cfg)
+
+
+def _inputs(config: dict, batch: int, latent_hw: tuple[int, int], text_tokens: int):
+    h, w = latent_hw
+    x = torch.randn(batch, (h // 2) * (w // 2), config["in_channels"])
+    t = torch.rand(batch)
+    cond = {
+        "encoder_hidden_states": torch.randn(batch, text_tokens, config["joint_attention_dim"]),
+        "pooled_projections": torch.randn(batch, config["pooled_projection_dim"]),
+    }
+    return x, t, cond
+
+
+def _trace_transformer_once(
+    config: dict,
+    layers: int,
+    single: int,
+    *,
+    batch: int,
+    latent_hw: tuple[int, int],
+    text_tokens: int,
+    weights_dtype: str,
+    autocast_dtype: str | None,
+    train: bool,
+    checkpointing: bool,
+    lora: dict | None,
+) -> int:
+    with _fake_mode():
+        with default_dtype(getattr(torch, weights_dtype)):
+            model = _transformer(config, layers, single)
+        if lora is not None:
+            from ..common.config import LoraOptions
+            from ..common.lora import add_lora
+
+            add_lora(model, LoraOptions(**lora), 0)
+        if not train:
+            model.requires_grad_(False).eval()
+        elif checkpointing:
+            model.enable_gradient_checkpointing()
+        velocity = FluxVelocity(
+            model,
+            *latent_hw,
+            guidance=3.5,
+            autocast_dtype=getattr(torch, autocast_dtype) if autocast_dtype else None,
+        )
+        x, t, cond = _inputs(config, batch, latent_hw, text_tokens)
+        tracker = ActivationPeakTracker(grads=train)
+        tracker.track_external(model)
+        with tracker:
+            if train:
+                velocity(x, t, cond).square().mean().backward()
+            else:
+                with torch.no_grad():  # MemTracker's hooks need no_grad, not inference_mode
+                    velocity(x, t, cond)
+    return tracker.transient_peak
+
+
+# depths traced; FLUX-size extrapolation solves base + layers·a_double + single·a_single
+_DEPTHS = ((1, 1), (2, 1), (1, 2))
+
+
+def transformer_activations(config: dict, **shape) -> dict:
+    """Peak transient bytes of one transformer call (``shape``: batch, latent_hw,
+    text_tokens, weights_dtype, autocast_dtype, train, checkpointing, lora), at the
+    config's depth: {"bytes": int, "per_double": int, "per_single": int, "base": int}."""
+    arch = {k: v for k, v in config.items() if not k.startswith("_")}
+
+    def compute() -> dict:
+        if not shape["train"]:  # no grad: one block's temporaries at a time
+            peak = _trace_transformer_once(config, 1, 1, **shape)
+            return {"bytes": peak, "per_double": 0, "per_single": 0, "base": peak}
+        (p11, p21, p12) = (_trace_transformer_once(config, a, b, **shape) for a, b in _DEPTHS)
+        per_double, per_single = p21 - p11, p12 - p11
+        base = p11 - per_double - per_single
+        total = base + per_double * arch["num_layers"] + per_single * arch["num_single_layers"]
+        return {"bytes": total, "per_double": per_double, "per_single": per_single, "base": base}
+
+    key = {"arch": arch, **shape, "latent_hw": list(shape["latent_hw"])}
+    return cached("transformer", key, compute)
+
+
+def vae_decode_activations(vae_config: dict, latent_hw: tuple[int, int]) -> int:
+    """Peak transient bytes of decoding ONE image (fp32, no grad); a decode call of
+    n images holds n times as much."""
+    arch = {k: v for k, v in vae_config.items() if not k.startswith("_")}
+
+    def compute() -> dict:
+        from diffusers import AutoencoderKL
+
+        with _fake_mode():
+            vae = AutoencoderKL.from_config(arch).eval().requires_grad_(False)
+            z = torch.randn(1, arch["latent_channels"], *latent_hw)
+            tracker = ActivationPeakTracker(grads=False)
+            tracker.track_external(vae)
+            with tracker, torch.inference_mode():
+                vae.decode(z, return_dict=False)
+        return {"bytes": tracker.transient_peak}
+
+    return cached("vae", {"arch": arch, "latent_hw": list(latent_hw)}, compute)["bytes"]

@@ -1,0 +1,203 @@
+"""The memory plan: FLUX.1-dev presets, estimates held against traced peaks, the CLI."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from g2rpo.planning.presets import COMPONENTS, PRESETS, preset_config
+
+# Parameter counts of FLUX.1-dev's components (the published checkpoints' sizes).
+FLUX1_DEV_PARAMS = {
+    "transformer": 11.90e9,
+    "text_encoder_2": 4.76e9,
+    "text_encoder": 123.1e6,
+    "vae": 83.8e6,
+}
+
+
+def build_on_meta(component: str, config: dict) -> torch.nn.Module:
+    from diffusers import AutoencoderKL, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    with torch.device("meta"):
+        if component == "transformer":
+            return FluxTransformer2DModel.from_config(config)
+        if component == "vae":
+            return AutoencoderKL.from_config(config)
+        if component == "text_encoder":
+            return CLIPTextModel(CLIPTextConfig.from_dict(config))
+        return T5EncoderModel(T5Config.from_dict(config))
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_flux1_dev_preset_builds_with_published_size(component):
+    assert PRESETS == ("flux1-dev",)
+    module = build_on_meta(component, preset_config("flux1-dev", component))
+    params = sum(p.numel() for p in module.parameters())
+    assert params == pytest.approx(FLUX1_DEV_PARAMS[component], rel=0.005)
+
+
+def test_preset_errors_name_the_choices():
+    with pytest.raises(ValueError, match="flux1-dev"):
+        preset_config("flux2", "vae")
+    with pytest.raises(ValueError, match="text_encoder_2"):
+        preset_config("flux1-dev", "unet")
+
+
+# ---------------------------------------------------------------- the plan
+
+import json  # noqa: E402
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from g2rpo.common.config import ConfigError, load_config  # noqa: E402
+from g2rpo.planning.check import refuse_misfit  # noqa: E402
+from g2rpo.planning.estimate import GiB, plan  # noqa: E402
+
+from g2rpo.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+WORLD = ROOT / "assets" / "shapes-world" / "pipeline"
+PROMPTS = ["a red circle on a blue background", "a green square on a white background"]
+SMALL = [
+    f"model.pretrained={WORLD}",
+    "sampling.num_steps=6",
+    "sampling.sde_steps=[0,1]",
+    "sampling.group_size=4",
+    "sampling.prompts_per_worker=2",
+    "train.image_size=64",
+    "train.max_sequence_length=16",
+    "rewards=[{name: shapes_clip}]",
+]
+
+
+@pytest.fixture(autouse=True)
+def _plan_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("G2RPO_PLAN_CACHE", str(tmp_path / "plan-cache"))
+
+
+def _actor(p, name):
+    return next(a for a in p.actors if a.actor == name)
+
+
+def test_one_learner_full_flux_fine_tune_does_not_fit_80gb_and_says_why():
+    cfg = load_config(ROOT / "configs" / "flux_hps.yaml")
+    learner = _actor(plan(cfg, 80), "learner rank")
+    assert not learner.fits
+    parts = {k.split(" ")[0]: v / GiB for k, v in learner.parts.items()}
+    # 11.9B parameters: fp32 weights 44 GiB + gradients 44 GiB + AdamW 89 GiB
+    assert parts["weights"] == pytest.approx(44.34, abs=0.05)
+    assert parts["gradients"] == pytest.approx(44.34, abs=0.05)
+    assert parts["AdamW"] == pytest.approx(88.67, abs=0.1)
+    with pytest.raises(ConfigError, match=r"learner rank .*weights.*"):
+        refuse_misfit(cfg)
+    fixed = load_config(
+        ROOT / "configs" / "flux_hps.yaml",
+        [
+            "train.learners=16",
+            "model.gradient_checkpointing=true",
+            "model.mixed_precision=fsdp",
+            "train.learner_max_batch=1",
+        ],
+    )
+    assert _actor(plan(fixed, 80), "learner rank").fits
+
+
+def _traced_peak(fn, *modules, grads: bool = True) -> int:
+    from g2rpo.planning.trace import ActivationPeakTracker  # MemTracker, frozen weights too
+
+    tracker = ActivationPeakTracker(grads=grads)
+    tracker.track_external(*modules)
+    with tracker:
+        fn()
+    return max(s["Total"] for s in tracker.get_tracker_snapshot("peak").values())
+
+
+def test_rollout_worker_estimate_within_10_percent_of_the_traced_sample():
+    from g2rpo.rollout_worker.worker import RolloutWorkerCore
+
+    cfg = load_config(None, [*SMALL, "sampling.max_batch=16", "sampling.decode_batch=16"])
+    core = RolloutWorkerCore(cfg, 0)
+    c = core.comps
+    with torch.no_grad():
+        c.transformer.requires_grad_(False)
+        traced = _traced_peak(
+            lambda: core.sample(0, PROMPTS),
+            c.transformer,
+            c.vae,
+            c.text_encoder,
+            c.text_encoder_2,
+            grads=False,
+        )
+    estimate = _actor(plan(cfg), "rollout worker").peak
+    assert estimate == pytest.approx(traced, rel=0.10)
+
+
+def test_learner_estimate_within_10_percent_of_the_traced_update():
+    from g2rpo.learner.trainer import LearnerCore
+    from g2rpo.rollout_worker.plan import algorithm_nfe
+    from g2rpo.rollout_worker.worker import RolloutWorkerCore, Trajectories
+
+    # several micro-batches per optimizer step: the plan's steady state
+    cfg = load_config(None, [*SMALL, "train.learner_max_batch=2", "optim.step_mode=accumulate"])
+    plan_, cond, result, _ = RolloutWorkerCore(cfg, 0).sample(0, PROMPTS)
+    batch = Trajectories(
+        worker=0,
+        iteration=0,
+        version=0,
+        prompts=PROMPTS,
+        plan=plan_,
+        transitions=result.transitions,
+        cond=cond,
+        leaf_rewards={"shapes_clip": torch.rand(len(plan_.leaves))},
+        nfe=result.nfe,
+        model_calls=result.model_calls,
+        nfe_algorithm=algorithm_nfe(plan_),
+    )
+    core = LearnerCore(cfg)
+    core.update([batch])  # AdamW's states exist from here on
+
+    def update():
+        batch.version = core.version
+        core.update([batch])
+
+    traced = _traced_peak(update, core.transformer, core.optimizer)
+    estimate = _actor(plan(cfg), "learner rank").peak
+    assert estimate == pytest.approx(traced, rel=0.10)
+
+
+def test_cli_table_json_and_exit_codes(capsys):
+    tiny = str(ROOT / "configs" / "tiny.yaml")
+    assert main(["plan", tiny]) == 0  # a CPU run: nothing to check against a GPU
+    assert "rollout worker" in capsys.readouterr().out
+    flux = str(ROOT / "configs" / "flux_hps.yaml")
+    assert main(["plan", flux, "--json", "--gpu-memory", "80GiB"]) == 3
+    rep = json.loads(capsys.readouterr().out)
+    learner = next(a for a in rep["actors"] if a["actor"] == "learner rank")
+    assert not learner["fits"] and learner["remedies"]
+    assert rep["gpus_asked"] == 16 + 1 + 1 + 2 * 0.5
+    assert main(["plan", flux, "--gpu-memory", "lots"]) == 2
+    assert "--gpu-memory" in capsys.readouterr().err
+
+
+def header_hardware(path: Path) -> tuple[int, float] | None:
+    """``# hardware: 16 x 80GiB GPUs`` in a recipe's header: (GPUs, GiB each)."""
+    m = re.search(r"^# hardware: (\d+) x (\d+(?:\.\d+)?)GiB GPUs", path.read_text(), re.M)
+    return (int(m.group(1)), float(m.group(2))) if m else None
+
+
+def assert_fits_its_hardware(path: Path) -> None:
+    """What every shipped FLUX recipe must pass once the recipes are complete."""
+    hardware = header_hardware(path)
+    assert hardware is not None, f"{path.name}: no '# hardware: N x MGiB GPUs' header line"
+    gpus, gib = hardware
+    p = plan(load_config(path), gib)
+    assert p.gpus_asked <= gpus, f"{path.name} asks Ray for {p.gpus_asked} GPUs"
+    assert p.fits, [(a.actor, round(a.peak / GiB, 1)) for a in p.actors if not a.fits]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_is_planned(path):
+    p = plan(load_config(path))
+    assert p.actors and all(a.peak > 0 for a in p.actors if a.actor != "reward replica")
+    assert isinstance(p.fits, bool)
