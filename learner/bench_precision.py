@@ -36,7 +36,6 @@ def _ratio_of(cfg, prompts: list[str]) -> tuple[torch.Tensor, int]:
     from ..reward_server.process import free_port
     from ..rollout_worker.worker import RolloutWorkerCore
     from .distributed import join_learner_group, leave_learner_group
-    from .grpo import recompute_log_probs
     from .trainer import LearnerCore, learner_share
 
     fsdp = cfg.model.mixed_precision == "fsdp"
@@ -48,15 +47,29 @@ def _ratio_of(cfg, prompts: list[str]) -> tuple[torch.Tensor, int]:
         version, state, checksum = learner.weights()
         worker.load_weights(version, state, checksum)
         _, cond, result, _ = worker.sample(0, prompts)
-        tr = result.transitions
-        with torch.no_grad():
-            lp, _, _ = recompute_log_probs(
-                learner.velocity, tr, torch.arange(len(tr)), cond, learner.spec
-            )
-        return torch.exp(lp.double().cpu() - tr.old_log_probs.double()), state_nbytes(state)
+        return ratio_before_update(learner, result.transitions, cond), state_nbytes(state)
     finally:
         if fsdp:
             leave_learner_group()
+
+
+def ratio_before_update(learner, transitions, cond) -> torch.Tensor:
+    """exp(log π_learner − log π_rollout) of every recorded SDE step, before any
+    update (float64, CPU): 1 up to what the two sides compute differently. The
+    rollout's tensors are moved to the learner's device as training moves them."""
+    from .grpo import recompute_log_probs
+
+    device = torch.device(learner.cfg.model.device)
+    tr = transitions.to(device)
+    with torch.no_grad():
+        lp, _, _ = recompute_log_probs(
+            learner.velocity,
+            tr,
+            torch.arange(len(tr)),
+            {k: v.to(device) for k, v in cond.items()},
+            learner.spec,
+        )
+    return torch.exp(lp.double().cpu() - tr.old_log_probs.double().cpu())
 
 
 def bench_precision(

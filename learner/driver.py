@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from ..common.config import G2RPOConfig
 from ..common.prompts import prompts_for, read_prompts
+from ..planning.check import refuse_misfit
 from .budget import Budget
 from .cluster import RunActors, call_with_restart, get_or_redo, record_actors, start_actors
 from .lifecycle import attach_telemetry, finish, open_run, resume_point
@@ -337,6 +338,7 @@ def train(
 ) -> Path:
     cfg, run_dir = open_run(config, overrides, resume)
     cfg.model.check_trainable()  # before any actor loads a model
+    refuse_misfit(cfg)  # a CUDA run that `g2rpo plan` says cannot fit stops here
     t = cfg.train
     train_prompts = read_prompts(t.prompts, "train.prompts")
     eval_prompts = read_prompts(t.eval_prompts, "train.eval_prompts")[: t.eval_samples]

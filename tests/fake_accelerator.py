@@ -49,16 +49,29 @@ class DeviceMix(RuntimeError):
     """An op given tensors on different devices (CUDA would refuse it too)."""
 
 
+_active = [False]  # the device exists only inside on_fake_gpu()
+
+
 class _Backend:
-    """What torch asks of a device module (autocast, RNG seeding, device queries)."""
+    """What torch asks of a device module (autocast, RNG, device queries). Outside
+    ``on_fake_gpu()`` it reports no device, so the rest of a test process (e.g.
+    ``torch.accelerator.current_accelerator()`` in ``fork_rng``) never sees it."""
 
     @staticmethod
     def is_available() -> bool:
-        return True
+        return _active[0]
 
     @staticmethod
     def device_count() -> int:
-        return 1
+        return int(_active[0])
+
+    @staticmethod
+    def get_rng_state(device=None) -> torch.Tensor:
+        return torch.get_rng_state()  # the device computes on the CPU's generator
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor, device=None) -> None:
+        torch.set_rng_state(state)
 
     @staticmethod
     def current_device() -> int:
@@ -196,5 +209,9 @@ class _TensorFromData(TorchFunctionMode):
 def on_fake_gpu():
     """Run the block with ``fakegpu`` tensors computed on the CPU and device mixing
     checked op by op."""
-    with _TensorFromData(), _FakeGpuMode():
-        yield FAKE_GPU
+    _active[0] = True
+    try:
+        with _TensorFromData(), _FakeGpuMode():
+            yield FAKE_GPU
+    finally:
+        _active[0] = False
