@@ -57,6 +57,29 @@ def _dockerfile_sources() -> set[str]:
     return sources
 
 
+def test_relative_paths_try_the_working_dir_then_the_project(tmp_path, monkeypatch):
+    """In the checkout (the editable install) as in the wheel: the working dir's file
+    wins; otherwise the one under the project root; configs also by bare name."""
+    from g2rpo.common.config import ConfigError, load_config
+    from g2rpo.common.paths import PROJECT_ROOT, find_config, resolve_path
+
+    monkeypatch.chdir(tmp_path)
+    assert PROJECT_ROOT == ROOT
+    pipeline = "assets/shapes-world/pipeline"
+    assert resolve_path(pipeline) == ROOT / pipeline
+    assert (
+        find_config("configs/tiny.yaml") == find_config("tiny.yaml") == ROOT / "configs/tiny.yaml"
+    )
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs/tiny.yaml").write_text("run: {name: mine}\n")
+    assert find_config("configs/tiny.yaml") == Path("configs/tiny.yaml")
+    assert load_config("configs/tiny.yaml").run.name == "mine"
+    assert load_config("tiny.yaml").run.name == "tiny"  # ./tiny.yaml absent: the shipped one
+    assert resolve_path("nowhere/model") == Path("nowhere/model")
+    with pytest.raises(ConfigError, match=r"config file not found: absent\.yaml \(looked at"):
+        load_config("absent.yaml")
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> dict[str, Path]:
     """Build the wheel, install it into a fresh venv; returns the wheel, the venv's
@@ -148,3 +171,23 @@ def test_eval_world_runs_from_the_wheel_elsewhere(installed):
     assert report["shapes_clip_auc"] > 0.9  # the committed shapes_clip separates the pairs
     grid = installed["cwd"] / "grid.png"
     assert grid.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_torch_requirement_admits_other_builds_and_the_tested_pin():
+    """pyproject states the lowest torch the code needs (2.8: FSDPModule's
+    set_gradient_divide_factor / set_force_sum_reduction_for_comms) and no upper bound, so
+    a GPU node keeps its own build; constraints.txt pins the one tested here, and the
+    images install that pin by default."""
+    from packaging.requirements import Requirement
+
+    (torch,) = [
+        r for r in map(Requirement, PYPROJECT["project"]["dependencies"]) if r.name == "torch"
+    ]
+    pin = (ROOT / "constraints.txt").read_text().split("#")[0].strip()
+    assert pin.startswith("torch==")
+    tested = pin.removeprefix("torch==")
+    for version in (tested, "2.8.0", "2.11.0+cu130", "2.14.0"):
+        assert torch.specifier.contains(version), version
+    assert not torch.specifier.contains("2.7.1")
+    for name in ("Dockerfile", "Dockerfile.reward"):
+        assert f"ARG TORCH={pin}\n" in (ROOT / "deploy/docker" / name).read_text(), name
