@@ -13,6 +13,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .config_train import Section, TrainConfig
+from .paths import config_candidates, find_config
 
 
 class ConfigError(ValueError):
@@ -330,9 +331,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     """Read a YAML config (or the defaults when path is None) and apply overrides."""
     data: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+        found = find_config(path)
+        if found is None:
+            tried = ", ".join(str(c) for c in config_candidates(path))
+            raise ConfigError(f"config file not found: {path} (looked at {tried})")
+        path = found
         try:
             loaded = yaml.safe_load(path.read_text())
         except yaml.YAMLError as exc:

@@ -76,7 +76,7 @@ def resolve_policy(
 ) -> PolicySource:
     """Work out what ``target`` is. ``checkpoint``: for a run, ``final`` (default when
     it exists), ``latest``, an iteration number or a checkpoint name."""
-    path = Path(target)
+    path = resolve_path(target)
     if not path.exists():
         raise ModelPathError(f"eval target {str(target)!r} does not exist")
     if (path / "config.yaml").is_file():  # a run directory
@@ -84,7 +84,7 @@ def resolve_policy(
         if cfg.model.pretrained is None:
             raise ValueError(f"{path}: the run's model.pretrained is empty; nothing to load")
         run_base = resolve_path(cfg.model.pretrained)
-        base_dir = Path(base) if base else run_base
+        base_dir = resolve_path(base) if base else run_base
         which = checkpoint or ("final" if (path / "final").exists() else "latest")
         if which == "final":
             final = path / "final"
@@ -108,7 +108,7 @@ def resolve_policy(
     if lora is not None:
         if base is None:
             raise ValueError(f"{path} holds LoRA weights: pass --base PIPELINE_DIR to apply them")
-        return PolicySource(kind="lora", base=Path(base), weights=lora, label=path.name)
+        return PolicySource(kind="lora", base=resolve_path(base), weights=lora, label=path.name)
     raise ModelPathError(
         f"eval target {str(path)!r} is neither a run directory (config.yaml), a diffusers "
         f"pipeline directory (model_index.json) nor a LoRA export ({LORA_FILE})"

@@ -162,6 +162,51 @@ def test_compose_and_dockerfiles_point_at_what_exists():
         assert "USER " in dockerfile.read_text()  # never root at run time
 
 
+def _copied_into_src(dockerfile: Path) -> set[str]:
+    sources = set()
+    for line in dockerfile.read_text().splitlines():
+        parts = line.split()
+        if parts[:1] == ["COPY"] and "--from=" not in line and parts[-1].startswith("/src"):
+            sources.update(parts[1:-1])
+    return sources
+
+
+def test_the_images_carry_what_their_commands_need():
+    """Both images `pip install /src`: each copies every folder pyproject's package-dir
+    installs, the package data among them (the committed world, the configs), so that
+    docker-compose's reward servers find shapes_clip's default model and the CPU
+    overlay's `--config configs/tiny.yaml` resolves (tests/test_packaging.py installs a
+    wheel built from that set and runs from it)."""
+    import re
+
+    import tomllib
+    from g2rpo.common.paths import PROJECT_ROOT
+    from g2rpo.world import DEFAULT_WORLD
+
+    tool = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {target.split("/")[0] for target in tool["package-dir"].values()}
+    assert {"assets", "configs"} <= folders
+    for name in ("Dockerfile", "Dockerfile.reward"):
+        copied = _copied_into_src(DEPLOY / "docker" / name)
+        assert folders | {"pyproject.toml", "README.md"} <= copied, f"{name} lacks some"
+
+    # the scorers the compose replicas and the CPU overlay serve from their default dirs
+    compose = yaml.safe_load((DEPLOY / "compose/docker-compose.yaml").read_text())
+    texts = [" ".join(s["command"]) for n, s in compose["services"].items() if "reward" in n]
+    texts.append((DEPLOY / "k8s/overlays/cpu/kustomization.yaml").read_text())
+    served = {
+        name
+        for text in texts
+        for value in re.findall(r"--scorers[= ]([\w,=./-]+)", text)
+        for name in value.split(",")
+        if "=" not in name
+    }
+    assert "shapes_clip" in served
+    world = DEFAULT_WORLD.relative_to(PROJECT_ROOT)
+    assert world.parts[0] in folders  # shapes_clip's default, DEFAULT_WORLD/shapes_clip
+    assert (DEFAULT_WORLD / "shapes_clip" / "model.safetensors").is_file()
+
+
 def test_the_reward_server_imports_only_its_image_requirements():
     """Dockerfile.reward installs the project with --no-deps plus reward-requirements.txt:
     serving every scorer kind must not need the project's other dependencies. transformers

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from ...common.paths import resolve_path
 from .base import Scorer
 
 
@@ -23,7 +24,8 @@ def _jpeg(quality: int = 95, **_) -> Scorer:
 def _local_dir(name: str, path, default: Path | None, kind: str | None) -> Path:
     if path is None and default is None:
         raise ValueError(f"scorer {name!r} needs path= (a local checkpoint directory)")
-    path = Path(path or default).expanduser()
+    # a relative path as the trainer's model paths: working dir, then the project root
+    path = resolve_path(Path(path).expanduser()) if path else Path(default)
     if kind and path.is_file():
         raise ValueError(
             f"scorer {name!r}: {path} is the original checkpoint file; convert it once with "
