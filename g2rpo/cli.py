@@ -9,7 +9,7 @@ import sys
 from g2rpo import __version__
 from g2rpo.cli_bench import add_bench_parsers
 from g2rpo.cli_evidence import add_evidence_parsers
-from g2rpo.cli_plan import add_plan_parsers
+from g2rpo.cli_plan import add_doctor_parser, add_plan_parsers
 from g2rpo.cli_reward import add_reward_parsers
 
 
@@ -153,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_evidence_parsers(sub)
     add_plan_parsers(sub)
+    add_doctor_parser(sub)
 
     emb = sub.add_parser(
         "embed-prompts", help="precompute prompt embeddings into a safetensors cache"

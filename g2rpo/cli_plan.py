@@ -36,3 +36,77 @@ def add_plan_parsers(sub) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from g2rpo.common.config import load_config
+    from g2rpo.planning.doctor import random_weights_config, run_doctor
+    from g2rpo.planning.doctor_report import format_report
+
+    overrides = list(args.set)
+    if args.device is not None:
+        overrides.append(f"model.device={args.device}")
+    cfg = load_config(args.config, overrides)
+    blocks = None
+    if args.blocks is not None:
+        try:
+            double, single = (int(x) for x in args.blocks.split(","))
+        except ValueError:
+            msg = f"--blocks: expected DOUBLE,SINGLE such as 2,4, got {args.blocks!r}"
+            raise ValueError(msg) from None
+        blocks = (double, single)
+    with tempfile.TemporaryDirectory(prefix="g2rpo-doctor-") as tmp:
+        if args.random_weights is not None:
+            print(f"g2rpo doctor: building random {args.random_weights} weights ...", flush=True)
+            cfg = random_weights_config(cfg, Path(tmp), args.random_weights, blocks)
+        elif blocks is not None:
+            raise ValueError("--blocks needs --random-weights")
+        rep = run_doctor(cfg, args.config, args.scorers or None, progress=not args.json)
+    if args.json:
+        print(json.dumps(rep.model_dump(), indent=2))
+    else:
+        print(format_report(rep))
+    return 0 if rep.ok else 1
+
+
+def add_doctor_parser(sub) -> None:
+    d = sub.add_parser(
+        "doctor",
+        help="on one GPU node, without Ray: build each actor as training does and run one "
+        "rollout, score, precision check, update and evaluation; exit 1 naming the phase",
+        description="Run once what a training iteration does, on this node's device, each "
+        "actor's core built exactly as training builds it (the learner as a one-rank group): "
+        "publish, one rollout share, scoring in-process, the PPO ratio before any update vs "
+        "the clip range, one learner update, one evaluation. Per phase: pass/fail, seconds, "
+        "peak device memory beside the plan's estimate, NFE/s and MFU. Exit 0: every phase "
+        "passed; 1: a phase failed (named, with the config field to look at); 2: bad input.",
+    )
+    d.add_argument("config", help="run config (YAML)")
+    d.add_argument("--set", action="append", default=[], metavar="a.b=c", help="override")
+    d.add_argument("--device", default=None, help="model.device for this check (e.g. cuda)")
+    d.add_argument(
+        "--random-weights",
+        default=None,
+        metavar="ARCH",
+        help="random weights instead of model.pretrained: flux1-dev (the shipped FLUX.1-dev "
+        "configs) or tiny (the committed world's), saved in model.dtype to a temporary dir",
+    )
+    d.add_argument(
+        "--blocks",
+        default=None,
+        metavar="DOUBLE,SINGLE",
+        help="with --random-weights: the transformer's width with this many blocks (e.g. 2,4)",
+    )
+    d.add_argument(
+        "--scorers",
+        nargs="+",
+        default=None,
+        metavar="NAME[=DIR]",
+        help="score with these instead of train.reward.scorers (e.g. shapes_oracle or jpeg "
+        "with random weights)",
+    )
+    d.add_argument("--json", action="store_true", help="print the report as JSON")
+    d.set_defaults(func=_cmd_doctor)

@@ -1,0 +1,366 @@
+"""``g2rpo doctor CONFIG``: what a user runs on one GPU node before launching a
+cluster. Without Ray, it builds each actor's core exactly as training builds it
+(``RolloutWorkerCore``, ``LearnerCore`` as a one-rank group), then runs one of each
+thing a training iteration does — publish the learner's weights into the worker,
+one rollout share of the config's shape, scoring with the configured scorers
+in-process, the precision check (the PPO ratio before any update ÷ the clip
+range), one learner update, one evaluation — and reports per phase: pass/fail,
+wall time, peak device memory beside the plan's estimate, NFE/s and MFU.
+
+Phases after a failed one that need its result are skipped; the first failure
+names its phase and the config field to look at. On the CPU the same phases run
+on test-size models (its CI test); memory is then reported for CUDA only."""
+
+from __future__ import annotations
+
+import re
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..common.config import G2RPOConfig
+from ..common.flops import count_flops, peak_tflops, utilisation
+from .doctor_report import DoctorReport, PhaseResult
+
+GiB = 2**30
+PRECISION_WARN = 0.5  # of the clip range: below it the ratio moves for no reason rarely
+
+# the field to look at when a phase fails (an out-of-memory names the memory fields)
+PHASE_FIELDS = {
+    "plan": "train.gpu_memory_gib",
+    "rollout worker": "model.pretrained",
+    "learner": "model.pretrained",
+    "publish": "model.rollout_weights_dtype",
+    "rollout": "sampling.max_batch",
+    "score": "train.reward.scorers",
+    "precision": "model.dtype",
+    "learn": "train.learner_max_batch",
+    "evaluate": "train.eval_samples",
+}
+OOM_FIELDS = {
+    "rollout worker": "model.rollout_weights_dtype",
+    "learner": "train.learners / model.lora / model.mixed_precision",
+    "rollout": "sampling.max_batch / sampling.decode_batch",
+    "learn": "train.learner_max_batch / model.gradient_checkpointing",
+    "evaluate": "sampling.max_batch / sampling.decode_batch",
+}
+
+
+FIELD_IN_MESSAGE = re.compile(
+    r"\b(?:model|sampling|algorithm|optim|rewards|run|train)\.[a-z_.]*[a-z_]"
+)
+
+
+def field_of(phase: str, exc: BaseException) -> str:
+    """The config field a failure points at: one the message names, else the
+    memory fields of an out-of-memory, else the phase's own."""
+    named = FIELD_IN_MESSAGE.search(str(exc))
+    if named:
+        return named.group(0)
+    if _is_oom(exc) and phase in OOM_FIELDS:
+        return OOM_FIELDS[phase]
+    return PHASE_FIELDS.get(phase, "")
+
+
+class DeviceMemory:
+    """Peak allocated bytes on a CUDA device between marks (None elsewhere)."""
+
+    def __init__(self, device: str) -> None:
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+
+    def allocated(self) -> int | None:
+        return torch.cuda.memory_allocated(self.device) if self.cuda else None
+
+    def reset(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int | None:
+        if not self.cuda:
+            return None
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device)
+
+
+def _gib(n: int | None) -> float | None:
+    return None if n is None else round(n / GiB, 3)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+class Doctor:
+    """Runs the phases in order, each on the results of the ones before."""
+
+    def __init__(self, cfg: G2RPOConfig, config_name: str, progress: bool = True) -> None:
+        self.cfg, self.name, self.progress = cfg, config_name, progress
+        self.memory = DeviceMemory(cfg.model.device)
+        self.results: list[PhaseResult] = []
+        self.held: dict[str, int] = {}  # bytes each built core holds between phases
+        self.estimates: dict[str, float] = {}
+        self.architecture = cfg.model.pretrained or "none"
+
+    # -------------------------------------------------------------- bookkeeping
+    @contextmanager
+    def phase(self, name: str, actor: str | None = None, needs: tuple[str, ...] = ()):
+        """Run a phase: skipped when a phase it needs did not pass; timed; its
+        actor's peak memory is the device's peak less what the other cores hold."""
+        result = PhaseResult(phase=name, plan_gib=self.estimates.get(actor or ""))
+        self.results.append(result)
+        missing = [n for n in needs if not self._passed(n)]
+        if missing:
+            result.error = f"skipped: needs {', '.join(missing)}"
+            yield None
+            return
+        if self.progress:
+            print(f"g2rpo doctor: {name} ...", flush=True)
+        self.memory.reset()
+        before = self.memory.allocated()
+        t0 = time.perf_counter()
+        try:
+            yield result
+            result.ok = True
+        except Exception as exc:  # reported, not raised: the doctor's job is to tell
+            result.ok = False
+            result.error = f"{type(exc).__name__}: {exc}"
+            result.field = field_of(name, exc)
+            if self.progress:
+                traceback.print_exc()
+        finally:
+            if self.memory.cuda:
+                torch.cuda.synchronize(self.memory.device)
+            result.seconds = round(time.perf_counter() - t0, 3)
+            peak = self.memory.peak()
+            if peak is not None and actor is not None:
+                others = sum(v for k, v in self.held.items() if k != actor)
+                result.peak_gib = _gib(max(peak - others, 0))
+            if before is not None:
+                result.details.setdefault("allocated_before_gib", _gib(before))
+
+    def _passed(self, name: str) -> bool:
+        return any(r.phase == name and r.ok for r in self.results)
+
+    def _hold(self, actor: str, build: Callable):
+        before = self.memory.allocated() or 0
+        core = build()
+        if self.memory.cuda:
+            self.held[actor] = self.memory.allocated() - before
+        return core
+
+    # -------------------------------------------------------------- phases
+    def run(self, scorers: list[str] | None = None) -> DoctorReport:
+        cfg = self.cfg
+        with self.phase("plan") as r:
+            if r is not None:
+                self._plan(r)
+        with self.phase("rollout worker", "rollout worker") as r:
+            if r is not None:
+                from ..rollout_worker.worker import RolloutWorkerCore
+
+                self.worker = self._hold("rollout worker", lambda: RolloutWorkerCore(cfg, 0))
+        with self.phase("learner", "learner rank") as r:
+            if r is not None:
+                self.learner = self._hold("learner rank", self._learner)
+        with self.phase("publish", needs=("rollout worker", "learner")) as r:
+            if r is not None:
+                from ..common.weights import state_nbytes
+
+                version, state, checksum = self.learner.weights()
+                self.worker.load_weights(version, state, checksum)
+                r.details["published_gib"] = _gib(state_nbytes(state))
+        with self.phase("rollout", "rollout worker", needs=("rollout worker",)) as r:
+            if r is not None:
+                self._rollout(r)
+        with self.phase("score", needs=("rollout",)) as r:
+            if r is not None:
+                self._score(r, scorers)
+        with self.phase("precision", "learner rank", needs=("publish", "rollout")) as r:
+            if r is not None:
+                self._precision(r)
+        with self.phase("learn", "learner rank", needs=("publish", "score")) as r:
+            if r is not None:
+                self._learn(r)
+        with self.phase("evaluate", "rollout worker", needs=("rollout worker",)) as r:
+            if r is not None:
+                self._evaluate(r)
+        self._leave_group()
+        return DoctorReport(
+            config=self.name,
+            device=cfg.model.device,
+            architecture=self.architecture,
+            phases=self.results,
+        )
+
+    def _plan(self, r: PhaseResult) -> None:
+        from .estimate import GiB as PLAN_GIB
+        from .estimate import plan
+
+        p = plan(self.cfg)
+        self.architecture = p.architecture
+        for a in p.actors:
+            self.estimates[a.actor] = round(a.peak / PLAN_GIB, 3)
+        r.details = {"estimates_gib": dict(self.estimates), "fits": p.fits}
+
+    def _learner(self):
+        from ..learner.distributed import join_learner_group
+        from ..learner.trainer import LearnerCore, learner_share, uses_process_group
+        from ..reward_server.process import free_port
+
+        self.group = uses_process_group(self.cfg)
+        if self.group:  # the learner's real path: a one-rank group
+            address = f"127.0.0.1:{free_port()}"
+            join_learner_group(address, 0, 1, self.cfg.model.device, 300)
+        return LearnerCore(self.cfg, learner_share(self.cfg, 0))
+
+    def _leave_group(self) -> None:
+        if getattr(self, "group", False):
+            from ..learner.distributed import leave_learner_group
+
+            leave_learner_group()
+
+    def _prompts(self, source: str, field: str, n: int) -> list[str]:
+        from ..common.prompts import read_prompts
+
+        prompts = read_prompts(source, field)
+        if not prompts:
+            raise ValueError(f"{field} {source}: no prompts")
+        return [prompts[i % len(prompts)] for i in range(n)]
+
+    def _rollout(self, r: PhaseResult) -> None:
+        cfg, worker = self.cfg, self.worker
+        self.prompts = self._prompts(
+            cfg.train.prompts, "train.prompts", cfg.sampling.prompts_per_worker
+        )
+        t0 = time.perf_counter()
+        self.sampled = worker.sample(0, self.prompts)
+        if self.memory.cuda:
+            torch.cuda.synchronize(self.memory.device)
+        seconds = time.perf_counter() - t0
+        plan, cond, result, _ = self.sampled
+        flops = self._flops_per_nfe(cond)
+        r.details = {
+            "leaves": len(plan.leaves),
+            "nfe": result.nfe,
+            "model_calls": result.model_calls,
+            "nfe_per_s": round(result.nfe / seconds, 3),
+            "flops_per_nfe": flops,
+            **utilisation(flops * result.nfe, seconds, peak_tflops(cfg.model.device)),
+        }
+        self.flops_per_nfe = flops
+
+    def _flops_per_nfe(self, cond) -> int:
+        """FLOPs of one sample's forward (torch's flop counter, one extra call)."""
+        result = self.sampled[2]
+        x = result.leaf_latents[:1].to(self.worker.comps.device)
+        c = {k: v[:1] for k, v in cond.items()}
+        t = torch.full((1,), 0.5, device=x.device)
+        with torch.inference_mode():
+            return count_flops(lambda: self.worker.model(x, t, c))
+
+    def _score(self, r: PhaseResult, scorers: list[str] | None) -> None:
+        from ..evaluation.metrics import make_scorers
+
+        specs = scorers or self.cfg.train.reward.scorers or [x.name for x in self.cfg.rewards]
+        self.scorers = make_scorers(specs, self.cfg.model.device)
+        missing = [x.name for x in self.cfg.rewards if x.name not in self.scorers]
+        if missing:
+            raise ValueError(f"rewards {missing} have no scorer in train.reward.scorers {specs}")
+        plan, _, _, images = self.sampled
+        leaf_prompts = [self.prompts[leaf.prompt] for leaf in plan.leaves]
+        t0 = time.perf_counter()
+        self.scores = {
+            name: np.asarray(s.score(images.numpy(), leaf_prompts), dtype=np.float64)
+            for name, s in self.scorers.items()
+        }
+        seconds = time.perf_counter() - t0
+        bad = [n for n, v in self.scores.items() if not np.isfinite(v).all()]
+        if bad:
+            raise ValueError(f"scorers {bad} returned non-finite scores")
+        r.details = {
+            "images": len(leaf_prompts),
+            "images_per_s": round(len(leaf_prompts) / seconds, 3),
+            **{f"mean/{n}": round(float(v.mean()), 4) for n, v in self.scores.items()},
+        }
+
+    def _precision(self, r: PhaseResult) -> None:
+        from ..learner.bench_precision import ratio_before_update
+
+        _, cond, result, _ = self.sampled
+        dev = (ratio_before_update(self.learner, result.transitions, cond) - 1).abs()
+        over = float(dev.max()) / self.cfg.optim.clip_range
+        r.details = {
+            "max_abs_ratio_minus_1": float(dev.max()),
+            "max_over_clip": round(over, 4),
+            "transitions": int(dev.numel()),
+        }
+        if over >= PRECISION_WARN:
+            r.details["warning"] = (
+                f"the ratio moves {over:.2f} of optim.clip_range before any update"
+            )
+        if over >= 1.0:
+            raise ValueError(
+                f"|ratio - 1| reaches {over:.2f}x optim.clip_range before any update: the "
+                "rollout and the learner compute different log-probs (model.dtype, "
+                "model.rollout_weights_dtype, model.mixed_precision)"
+            )
+
+    def _learn(self, r: PhaseResult) -> None:
+        plan, cond, result, _ = self.sampled
+        batch = self.worker.trajectories(0, self.prompts, plan, cond, result, self.scores)
+        t0 = time.perf_counter()
+        stats = self.learner.update([batch])
+        if self.memory.cuda:
+            torch.cuda.synchronize(self.memory.device)
+        seconds = time.perf_counter() - t0
+        if not np.isfinite(stats["loss"]) or not np.isfinite(stats["grad_norm"]):
+            raise ValueError(f"non-finite update: loss {stats['loss']}, grad {stats['grad_norm']}")
+        # a backward costs about two forwards; checkpointing recomputes one more
+        passes = 4 if self.cfg.model.gradient_checkpointing else 3
+        flops = getattr(self, "flops_per_nfe", 0) * stats["nfe_learn"] * passes
+        r.details = {
+            "optimizer_steps": stats["optimizer_steps"],
+            "transitions": stats["transitions"],
+            "learner_forwards": stats["nfe_learn"],
+            "loss": stats["loss"],
+            "grad_norm": stats["grad_norm"],
+            "clip_fraction": stats["clip_fraction"],
+            **utilisation(flops, seconds, peak_tflops(self.cfg.model.device)),
+        }
+
+    def _evaluate(self, r: PhaseResult) -> None:
+        t = self.cfg.train
+        prompts = self._prompts(t.eval_prompts, "train.eval_prompts", min(t.eval_samples, 4))
+        t0 = time.perf_counter()
+        images = self.worker.eval_images(prompts, t.eval_seed)
+        seconds = time.perf_counter() - t0
+        r.details = {"images": len(prompts), "images_per_s": round(len(prompts) / seconds, 3)}
+        for name, scorer in getattr(self, "scorers", {}).items():
+            r.details[f"mean/{name}"] = round(float(np.mean(scorer.score(images, prompts))), 4)
+
+
+def run_doctor(
+    cfg: G2RPOConfig, config_name: str, scorers: list[str] | None = None, progress: bool = True
+) -> DoctorReport:
+    return Doctor(cfg, config_name, progress).run(scorers)
+
+
+def random_weights_config(
+    cfg: G2RPOConfig, out: Path, name: str, blocks: tuple[int, int] | None
+) -> G2RPOConfig:
+    """``cfg`` pointed at a random-weight pipeline of architecture ``name`` built in
+    ``out`` (transformer and text encoders in model.dtype)."""
+    from .random_pipeline import build_random_pipeline
+
+    dtype = getattr(torch, cfg.model.dtype)
+    path = build_random_pipeline(
+        out / "pipeline", name, blocks=blocks, dtype=dtype, device=cfg.model.device
+    )
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"pretrained": str(path)})})

@@ -1,0 +1,87 @@
+"""A FluxPipeline directory with random weights in a known architecture, for
+``g2rpo doctor --random-weights`` on a node that has no checkpoint yet.
+
+The architecture comes from a shipped preset (``flux1-dev``) or from an existing
+pipeline directory (``tiny``: the committed shapes world's); ``blocks`` keeps the
+transformer's width but fewer blocks (FLUX width, few blocks). Tokenizers and the
+scheduler are copied from the committed world: its word-level tokenizers give ids
+that fit any vocabulary, which random text encoders need no more than that."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..common.paths import resolve_path
+from .presets import COMPONENTS, PRESETS, preset_config
+
+WORLD_PIPELINE = "assets/shapes-world/pipeline"
+RANDOM_ARCHITECTURES = ("tiny", *PRESETS)
+
+
+def architecture_configs(name: str) -> dict[str, dict]:
+    """config.json of each model component of architecture ``name``."""
+    if name in PRESETS:
+        return {c: preset_config(name, c) for c in COMPONENTS}
+    if name == "tiny":
+        root = resolve_path(WORLD_PIPELINE)
+        return {c: json.loads((root / c / "config.json").read_text()) for c in COMPONENTS}
+    raise ValueError(f"--random-weights {name!r}: choose from {', '.join(RANDOM_ARCHITECTURES)}")
+
+
+def _build(component: str, config: dict, device: str):
+    from diffusers import AutoencoderKL, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    arch = {k: v for k, v in config.items() if not k.startswith("_")}
+    with torch.device(device):  # initialised where it will run: fast on a GPU
+        if component == "transformer":
+            return FluxTransformer2DModel.from_config(arch)
+        if component == "vae":
+            return AutoencoderKL.from_config(arch)
+        if component == "text_encoder":
+            return CLIPTextModel(CLIPTextConfig.from_dict(config))
+        return T5EncoderModel(T5Config.from_dict(config))
+
+
+def build_random_pipeline(
+    out: str | Path,
+    name: str,
+    *,
+    blocks: tuple[int, int] | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    seed: int = 0,
+) -> Path:
+    """Write a random-weight FluxPipeline of architecture ``name`` to ``out``
+    (``blocks``: (double, single) transformer blocks instead of the preset's); the
+    transformer and text encoders are saved in ``dtype``, the VAE in float32."""
+    configs = architecture_configs(name)
+    if blocks is not None:
+        double, single = blocks
+        if double < 0 or single < 0 or double + single == 0:
+            raise ValueError(f"--blocks {double},{single}: needs >= 0 each and one block at least")
+        configs["transformer"] = {
+            **configs["transformer"],
+            "num_layers": double,
+            "num_single_layers": single,
+        }
+    out = Path(out)
+    world = resolve_path(WORLD_PIPELINE)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(world / "model_index.json", out / "model_index.json")
+    for sub in ("scheduler", "tokenizer", "tokenizer_2"):
+        shutil.copytree(world / sub, out / sub, dirs_exist_ok=True)
+    torch.manual_seed(seed)
+    for component in COMPONENTS:
+        model = _build(component, configs[component], device)
+        if component != "vae":
+            model = model.to(dtype)
+        model.save_pretrained(out / component)
+        del model
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return out

@@ -1,0 +1,117 @@
+"""`g2rpo doctor`: the node check runs every phase on the committed world on CPU (its
+CI run), on random weights in the world's architecture, and names the phase and
+the field when one fails; on the stand-in accelerator it mixes no devices."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fake_accelerator import NAME, on_fake_gpu
+
+REPO = Path(__file__).resolve().parents[1]
+PHASES = [
+    "plan",
+    "rollout worker",
+    "learner",
+    "publish",
+    "rollout",
+    "score",
+    "precision",
+    "learn",
+    "evaluate",
+]
+# the committed recipe at a smaller rollout (the CI machine has 2 cores)
+SMALL = ["--set", "sampling.sde_steps=[0, 1]", "--set", "sampling.group_size=4"]
+
+
+def doctor(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "g2rpo.cli", "doctor", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_doctor_passes_every_phase_on_the_committed_world():
+    proc = doctor("configs/tiny.yaml", "--json")  # the embedded default, as shipped
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rep = json.loads(proc.stdout)
+    assert [p["phase"] for p in rep["phases"]] == PHASES
+    assert all(p["ok"] for p in rep["phases"]), rep
+    by = {p["phase"]: p for p in rep["phases"]}
+    # 2 prompts x (the anchor + 4 SDE steps x G=8 branches completed at g=1 and g=2)
+    rollout = by["rollout"]["details"]
+    assert rollout["leaves"] == 2 * (1 + 4 * 8 * 2) and rollout["nfe"] > rollout["leaves"]
+    assert rollout["nfe_per_s"] > 0 and rollout["flops_per_nfe"] > 0
+    assert rollout["mfu"] is None  # no peak is known for a CPU
+    # float32 on both sides: the ratio before any update is 1 to rounding
+    assert by["precision"]["details"]["max_over_clip"] < 0.05
+    learn = by["learn"]["details"]
+    assert learn["optimizer_steps"] == 4 and learn["transitions"] == 2 * 4 * 8
+    # each actor is set beside the plan's estimate of it
+    assert by["rollout"]["plan_gib"] == by["plan"]["details"]["estimates_gib"]["rollout worker"]
+    assert by["learn"]["plan_gib"] == by["plan"]["details"]["estimates_gib"]["learner rank"]
+
+
+def test_doctor_on_random_weights_in_the_world_architecture(tmp_path):
+    proc = doctor(
+        "configs/tiny.yaml",
+        *SMALL,
+        "--random-weights",
+        "tiny",
+        "--scorers",
+        "shapes_oracle",
+        "--set",
+        "rewards=[{name: shapes_oracle}]",
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "all phases passed" in proc.stdout
+    assert "g2rpo-doctor-" in proc.stdout  # it ran on the temporary random pipeline
+
+
+def test_doctor_names_the_failing_phase_and_field(tmp_path):
+    missing = tmp_path / "no-such-prompts.txt"
+    proc = doctor("configs/tiny.yaml", *SMALL, "--set", f"train.prompts={missing}")
+    assert proc.returncode == 1
+    assert "FAILED at phase 'rollout': look at train.prompts" in proc.stdout
+    # what needs the rollout is skipped, the rest still ran
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+    assert "skipped" in lines["score"] and "skipped" in lines["learn"]
+    assert "pass" in lines["evaluate"]
+    bad = doctor("configs/tiny.yaml", "--random-weights", "sdxl")
+    assert bad.returncode == 2 and "--random-weights 'sdxl'" in bad.stderr
+
+
+def test_doctor_phases_keep_their_tensors_on_the_device():
+    from g2rpo.common.config import load_config
+    from g2rpo.planning.doctor import run_doctor
+
+    cfg = load_config(
+        REPO / "configs" / "tiny.yaml",
+        [
+            f"model.device={NAME}",
+            "sampling.sde_steps=[0]",
+            "sampling.group_size=3",
+            "train.eval_samples=2",
+        ],
+    )
+    with on_fake_gpu():
+        rep = run_doctor(cfg, "tiny", progress=False)
+    failed = [(p.phase, p.error) for p in rep.phases if not p.ok]
+    assert failed == [], failed
+
+
+@pytest.mark.parametrize("bad", ["2", "a,b", "-1,0"])
+def test_doctor_refuses_bad_blocks(bad):
+    proc = doctor("configs/tiny.yaml", "--random-weights", "tiny", "--blocks", bad)
+    assert proc.returncode == 2 and "--blocks" in proc.stderr
