@@ -71,9 +71,18 @@ SMALL = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _plan_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("G2RPO_PLAN_CACHE", str(tmp_path / "plan-cache"))
+@pytest.fixture(scope="module", autouse=True)
+def _plan_cache(tmp_path_factory):
+    """One trace cache for the module (not the user's): each FLUX shape is traced once."""
+    import os
+
+    before = os.environ.get("G2RPO_PLAN_CACHE")
+    os.environ["G2RPO_PLAN_CACHE"] = str(tmp_path_factory.mktemp("plan-cache"))
+    yield
+    if before is None:
+        del os.environ["G2RPO_PLAN_CACHE"]
+    else:
+        os.environ["G2RPO_PLAN_CACHE"] = before
 
 
 def _actor(p, name):
