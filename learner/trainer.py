@@ -216,10 +216,12 @@ class LearnerCore:
         nothing unless the weights are sharded, where every rank gathers)."""
         dtype = getattr(torch, self.cfg.model.rollout_weights_dtype)
         if self.sharded:
-            state = self.trained_state()
+            state = self.trained_state()  # gathered on the host, in float32
             if self.share.rank != 0:
                 return None
-            state = in_rollout_dtype(state, dtype)
+            for name, tensor in state.items():  # cast one tensor at a time: no second state
+                if tensor.is_floating_point() and tensor.dtype != dtype:
+                    state[name] = tensor.to(dtype)
         elif self.share.rank != 0:
             return None
         else:
