@@ -13,13 +13,13 @@ wrong version's state fails the checksum of the version it was published as.
 
 Why this and not the alternatives, at FLUX.1-dev size (12B parameters, 24-48 GB):
 
-* SHA-256, as before, verified at ~1.2 s/GB on our CPU (the Python ``tobytes()``
+* SHA-256, as before, verified at ~1.1 s/GB on our CPU (the Python ``tobytes()``
   copy plus hashing): about a minute per side per version at fp32. A cryptographic
   hash defends against a forger; here the threat is a torn, stale or mixed-up
-  transfer, which a 128-bit non-cryptographic hash catches with probability
-  1 - 2^-128. XXH3 runs at memory bandwidth: ~0.035 s/GB here, less than a twentieth
-  of the host copy the learner makes anyway (``docs/benchmarks.md``, ``g2rpo bench
-  weights --verify-gb``).
+  transfer, which a 128-bit non-cryptographic hash misses with probability 2^-128.
+  XXH3 runs near memory bandwidth: ~0.045 s/GB here, 25x faster and under a tenth
+  of the host copy the learner makes anyway (``g2rpo bench weights --verify-gb 1``,
+  ``docs/benchmarks.md``).
 * A checksum in torch ops on the tensor's device would spare a GPU the copy to the
   host, but both sides verify host bytes already: the learner publishes a host copy
   (the object store's, and the one kept for a restarted worker), and a worker
