@@ -133,6 +133,8 @@ def _cmd_bench_learner(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_weights(args: argparse.Namespace) -> int:
+    if args.verify_gb is not None:
+        return _cmd_bench_verification(args)
     from g2rpo.learner.bench_weights import bench_weights
 
     try:
@@ -161,6 +163,29 @@ def _cmd_bench_weights(args: argparse.Namespace) -> int:
             f"  {key:22s} {r['bytes'] / 2**20:8.2f} MiB: store {r['publish_and_load_s']:.4f} s "
             f"({r['path_vs_floor']:.2f}x), broadcast {r['broadcast_and_load_s']:.4f} s "
             f"({r['broadcast_vs_floor']:.2f}x), floor {r['put_get_one_worker_s']:.4f} s"
+        )
+    return 0
+
+
+def _cmd_bench_verification(args: argparse.Namespace) -> int:
+    from g2rpo.learner.bench_verify import bench_verification
+
+    try:
+        result = bench_verification(args.verify_gb, args.repeats)
+    except ValueError as exc:
+        print(f"g2rpo bench weights: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print("verifying one weight version (FLUX-like tensors), seconds per GB; host copy beside")
+    for key, r in result.items():
+        if key == "settings":
+            continue
+        print(
+            f"  {key:8s} {r['bytes'] / 1e9:6.2f} GB: SHA-256 {r['sha256_s_per_gb']:.4f}, "
+            f"XXH3-128 {r['xxh3_s_per_gb']:.4f} ({r['sha256_vs_xxh3']:.1f}x faster), "
+            f"host copy {r['host_copy_s_per_gb']:.4f}"
         )
     return 0
 
@@ -291,6 +316,14 @@ def add_bench_parsers(sub) -> None:
     wt.add_argument("--lora-rank", type=int, default=16)
     wt.add_argument("--repeats", type=int, default=3)
     wt.add_argument("--device", default="cpu")
+    wt.add_argument(
+        "--verify-gb",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="instead: the checksum alone, SHA-256 (before) vs XXH3-128, on GB of "
+        "FLUX-like fp32 and bf16 tensors (CPU, no Ray)",
+    )
     wt.add_argument("--json", action="store_true")
     wt.set_defaults(func=_cmd_bench_weights)
     pr = bench_sub.add_parser(

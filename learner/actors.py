@@ -96,7 +96,10 @@ class Learner(WeightGroupMember):
     def __init__(self, cfg: dict, rank: int = 0, world: int = 1) -> None:
         self.cfg, self._core = G2RPOConfig.model_validate(cfg), None
         self.rank, self.world = rank, world
-        self._staged: dict = {}  # version -> weights (rank 0, collective transport)
+        from .publishing import StagedVersions, versions_kept
+
+        # rank 0, collective transport: the versions a worker may still load
+        self._staged = StagedVersions(versions_kept(self.cfg.train.staleness))
 
     @property
     def core(self):
@@ -152,22 +155,19 @@ class Learner(WeightGroupMember):
         if published is None:
             return None
         version, state, checksum = published
-        self._staged[version] = state
-        # the versions a pending rollout may still need (train.staleness)
-        for old in sorted(self._staged)[: -(self.cfg.train.staleness + 1)]:
-            del self._staged[old]
+        self._staged.add(version, state)
         layout = layout_of(state)
         return version, layout, checksum, layout.nbytes
 
     def put_weights(self, version: int) -> list:
-        return [ray.put(self._staged[version])]
+        return [self._staged.object_ref(version)]
 
     def broadcast_weights(self, name: str, version: int) -> None:
         if self._weights is None or self._weights.name != name:
             raise RuntimeError(f"learner rank 0 is not in weight group {name}")
         from .weight_sync import layout_of
 
-        state = self._staged[version]
+        state = self._staged.state(version)
         self._weights.send(state, layout_of(state))
 
     def export(self, directory: str) -> str | None:

@@ -29,12 +29,21 @@ from .distributed import SINGLE, RankShare, shard_transformer
 from .grpo import StepSpec, grpo_update
 
 
-def trained_state(transformer: torch.nn.Module, lora: bool) -> dict[str, torch.Tensor]:
+def trained_state(
+    transformer: torch.nn.Module, lora: bool, dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
     """What changes in training, on the CPU: the adapters of a LoRA run, else every
-    weight (what the learner publishes and checkpoints)."""
+    weight (what the learner publishes and checkpoints); floating-point tensors in
+    ``dtype`` when given. One copy per tensor (the learner goes on training in place):
+    device to host, cast included (a bfloat16 copy moves half the bytes)."""
     if lora:
-        return adapter_state(transformer)
-    return {k: v.detach().cpu().clone() for k, v in transformer.state_dict().items()}
+        return in_rollout_dtype(adapter_state(transformer), dtype or torch.float32)
+    return {
+        k: v.detach().to(
+            device="cpu", dtype=dtype if dtype and v.is_floating_point() else None, copy=True
+        )
+        for k, v in transformer.state_dict().items()
+    }
 
 
 def in_rollout_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype):
@@ -203,11 +212,20 @@ class LearnerCore:
 
     def weights(self) -> tuple[int, dict[str, torch.Tensor], str] | None:
         """(version, state, checksum) of the weights rollout workers load, in
-        ``model.rollout_weights_dtype``; None on ranks other than 0."""
-        state = self.trained_state()
-        if self.share.rank != 0:
+        ``model.rollout_weights_dtype``; None on ranks other than 0 (which copy
+        nothing unless the weights are sharded, where every rank gathers)."""
+        dtype = getattr(torch, self.cfg.model.rollout_weights_dtype)
+        if self.sharded:
+            state = self.trained_state()  # gathered on the host, in float32
+            if self.share.rank != 0:
+                return None
+            for name, tensor in state.items():  # cast one tensor at a time: no second state
+                if tensor.is_floating_point() and tensor.dtype != dtype:
+                    state[name] = tensor.to(dtype)
+        elif self.share.rank != 0:
             return None
-        state = in_rollout_dtype(state, getattr(torch, self.cfg.model.rollout_weights_dtype))
+        else:
+            state = trained_state(self.transformer, self.lora, dtype)
         return self.version, state, weights_checksum(state)
 
     def update(self, batches: list[Trajectories]) -> dict:

@@ -172,6 +172,26 @@ def test_bench_weights_json():
                 assert r[ratio] == pytest.approx(r[path] / r["put_get_one_worker_s"], rel=0.01)
 
 
+def test_bench_weights_verify_gb_times_both_checksums_on_flux_shaped_tensors():
+    out = run("bench", "weights", "--verify-gb", "0.2", "--repeats", "1", "--json", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["settings"]["verify_gb"] == 0.2
+    # 3072x3072 and 3072x12288, alternating, until >= 0.2 GB: 3 fp32 tensors, 5 bf16
+    fp32, bf16 = result["float32"], result["bfloat16"]
+    assert (fp32["tensors"], fp32["bytes"]) == (3, 4 * 3072 * (2 * 3072 + 12288))
+    assert (bf16["tensors"], bf16["bytes"]) == (5, 2 * 3072 * (3 * 3072 + 2 * 12288))
+    for r in (fp32, bf16):
+        assert r["sha256_vs_xxh3"] == pytest.approx(
+            r["sha256_s_per_gb"] / r["xxh3_s_per_gb"], rel=0.01
+        )
+        assert r["xxh3_vs_host_copy"] == pytest.approx(
+            r["xxh3_s_per_gb"] / r["host_copy_s_per_gb"], rel=0.01
+        )
+    bad = run("bench", "weights", "--verify-gb", "0", timeout=120)
+    assert bad.returncode == 2 and "--verify-gb" in bad.stderr
+
+
 def test_bench_weights_refuses_an_unknown_mode():
     out = run("bench", "weights", "--modes", "full,fp8", "--sizes", "test", timeout=120)
     assert out.returncode == 2 and "fp8" in out.stderr and "full_bf16" in out.stderr

@@ -77,3 +77,32 @@ def test_a_failed_broadcast_falls_back_and_the_group_is_formed_again(ray_three, 
         actors.learner.kill()
         for w in actors.workers:
             ray.kill(w, no_restart=True)
+
+
+def test_rank0_keeps_the_versions_a_worker_may_load_each_held_once(ray_three):
+    """Overlapped iterations keep the newest version and the one the rollout in flight
+    started with; putting a version for an actor outside the broadcast keeps only the
+    object-store copy, and asking again gives the same object."""
+    import gc
+    import weakref
+
+    import torch
+    from g2rpo.common.weights import weights_checksum
+    from g2rpo.learner.publishing import StagedVersions, versions_kept
+
+    assert (versions_kept(0), versions_kept(1), versions_kept(3)) == (1, 2, 2)
+    staged = StagedVersions(versions_kept(1))
+    for v in (1, 2, 3):
+        staged.add(v, {"w": torch.full((8, 8), float(v))})
+    assert staged.versions() == [2, 3]
+    want = {v: weights_checksum({"w": torch.full((8, 8), float(v))}) for v in (2, 3)}
+    tensors = weakref.ref(staged.state(2)["w"])
+    ref = staged.object_ref(2)
+    assert staged.object_ref(2) == ref  # one put per version
+    gc.collect()
+    assert tensors() is None  # once put, the object-store copy is the only one
+    for v in (2, 3):  # from the object store or as staged, the same weights
+        assert weights_checksum(staged.state(v)) == want[v]
+    assert weights_checksum(ray.get(ref)) == want[2]
+    staged.add(4, {"w": torch.zeros(1)})
+    assert staged.versions() == [3, 4]
