@@ -52,7 +52,8 @@ def adapter_state(transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
     from peft.utils import get_peft_model_state_dict
 
     state = get_peft_model_state_dict(transformer, adapter_name=ADAPTER)
-    return {k: v.detach().cpu().clone() for k, v in state.items()}
+    # one copy: a device tensor's .cpu() already copies, a CPU one must not alias
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
 
 def load_adapter_state(transformer: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
