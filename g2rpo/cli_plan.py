@@ -50,6 +50,14 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     if args.device is not None:
         overrides.append(f"model.device={args.device}")
     cfg = load_config(args.config, overrides)
+    if args.scorers:  # the configured rewards may have no weights here yet: train on these
+        from g2rpo.reward_server.settings import ScorerSpec
+
+        names = [ScorerSpec.parse(x).name for x in args.scorers]
+        if {r.name for r in cfg.rewards} - set(names):
+            rewards = json.dumps([{"name": n} for n in names])
+            cfg = load_config(args.config, [*overrides, f"rewards={rewards}"])
+            print(f"g2rpo doctor: rewards={rewards} (from --scorers)", flush=True)
     blocks = None
     if args.blocks is not None:
         try:
