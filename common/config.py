@@ -282,6 +282,17 @@ class G2RPOConfig(Section):
             raise ValueError(f"reward names must be unique: {names}")
         return v
 
+    @model_validator(mode="after")
+    def _one_gpu_per_learner_rank(self) -> G2RPOConfig:
+        t = self.train
+        if self.model.device.startswith("cuda") and t.learners > 1 and t.learner_num_gpus < 1:
+            raise ValueError(
+                f"train.learner_num_gpus {t.learner_num_gpus} with train.learners {t.learners} "
+                "on CUDA: Ray may put two ranks of the learner group on one GPU, which NCCL "
+                "refuses; give each learner rank a whole GPU (learner_num_gpus: 1)"
+            )
+        return self
+
     def reward_weights(self) -> dict[str, float]:
         return {r.name: r.weight for r in self.rewards}
 

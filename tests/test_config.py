@@ -105,3 +105,12 @@ def test_precision_settings_that_cannot_work_are_refused(overrides, needle):
     ok = load_config(None, ["model.dtype=bfloat16", "model.rollout_weights_dtype=bfloat16"])
     assert ok.model.rollout_weights_torch_dtype() == torch.bfloat16
     assert load_config(None, []).model.rollout_weights_torch_dtype() == torch.float32
+
+
+def test_learner_ranks_sharing_a_gpu_are_refused_on_cuda():
+    shared = ["model.device=cuda", "train.learners=2", "train.learner_num_gpus=0.5"]
+    with pytest.raises(ConfigError, match=r"train.learner_num_gpus 0.5 .* NCCL refuses"):
+        load_config(None, shared)
+    # one rank on half a GPU (beside a reward replica), or a CPU group, is fine
+    assert load_config(None, [*shared[:1], "train.learner_num_gpus=0.5"]).train.learners == 1
+    assert load_config(None, ["train.learners=2", "train.learner_num_gpus=0"]).train.learners == 2
