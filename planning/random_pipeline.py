@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -32,12 +33,24 @@ def architecture_configs(name: str) -> dict[str, dict]:
     raise ValueError(f"--random-weights {name!r}: choose from {', '.join(RANDOM_ARCHITECTURES)}")
 
 
-def _build(component: str, config: dict, device: str):
+@contextmanager
+def _default_dtype(dtype: torch.dtype):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _build(component: str, config: dict, device: str, dtype: torch.dtype):
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
     arch = {k: v for k, v in config.items() if not k.startswith("_")}
-    with torch.device(device):  # initialised where it will run: fast on a GPU
+    # initialised where it will run (fast on a GPU) and in its dtype: FLUX.1-dev's
+    # transformer in float32 alone would take 48 GB before a bf16 copy
+    with torch.device(device), _default_dtype(dtype):
         if component == "transformer":
             return FluxTransformer2DModel.from_config(arch)
         if component == "vae":
@@ -77,9 +90,9 @@ def build_random_pipeline(
         shutil.copytree(world / sub, out / sub, dirs_exist_ok=True)
     torch.manual_seed(seed)
     for component in COMPONENTS:
-        model = _build(component, configs[component], device)
-        if component != "vae":
-            model = model.to(dtype)
+        model = _build(
+            component, configs[component], device, torch.float32 if component == "vae" else dtype
+        )
         model.save_pretrained(out / component)
         del model
         if device.startswith("cuda"):
