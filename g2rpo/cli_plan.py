@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -57,7 +58,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         if {r.name for r in cfg.rewards} - set(names):
             rewards = json.dumps([{"name": n} for n in names])
             cfg = load_config(args.config, [*overrides, f"rewards={rewards}"])
-            print(f"g2rpo doctor: rewards={rewards} (from --scorers)", flush=True)
+            print(f"g2rpo doctor: rewards={rewards} (from --scorers)", file=sys.stderr)
     blocks = None
     if args.blocks is not None:
         try:
@@ -66,9 +67,11 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
             msg = f"--blocks: expected DOUBLE,SINGLE such as 2,4, got {args.blocks!r}"
             raise ValueError(msg) from None
         blocks = (double, single)
-    with tempfile.TemporaryDirectory(prefix="g2rpo-doctor-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="g2rpo-doctor-", dir=args.work_dir) as tmp:
         if args.random_weights is not None:
-            print(f"g2rpo doctor: building random {args.random_weights} weights ...", flush=True)
+            print(
+                f"g2rpo doctor: building random {args.random_weights} weights ...", file=sys.stderr
+            )
             cfg = random_weights_config(cfg, Path(tmp), args.random_weights, blocks)
         elif blocks is not None:
             raise ValueError("--blocks needs --random-weights")
@@ -115,6 +118,12 @@ def add_doctor_parser(sub) -> None:
         metavar="NAME[=DIR]",
         help="score with these instead of train.reward.scorers (e.g. shapes_oracle or jpeg "
         "with random weights)",
+    )
+    d.add_argument(
+        "--work-dir",
+        default=None,
+        help="where --random-weights writes its pipeline (FLUX.1-dev in bf16: ~34 GB; "
+        "default: the system's temporary directory)",
     )
     d.add_argument("--json", action="store_true", help="print the report as JSON")
     d.set_defaults(func=_cmd_doctor)

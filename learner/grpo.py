@@ -78,8 +78,10 @@ def recompute_log_probs(
     """
     state_of_row = transitions.state_index[rows]
     unique_states, inverse = torch.unique(state_of_row, return_inverse=True)
-    x = transitions.states[unique_states]
-    device = x.device
+    # the model's device is the conditioning's (the learner puts it there); the states
+    # may be on the host and move one chunk at a time
+    device = next(iter(cond.values())).device
+    x = transitions.states[unique_states].to(device)
     steps = transitions.state_step[unique_states]
     sigmas = spec.grid.sigmas
     timestep = spec.grid.timesteps[steps]

@@ -245,9 +245,10 @@ class LearnerCore:
             for b in batches
         ]
         transitions, cond = merge(batches)
-        # trajectories arrive on the CPU; the learner computes on its own device
+        # trajectories arrive on the CPU and stay there: each chunk's states move to the
+        # device when recomputed (a whole iteration's would cost GiBs on every rank);
+        # the conditioning is small and every chunk indexes it
         device = torch.device(self.cfg.model.device)
-        transitions = transitions.to(device)
         cond = {k: v.to(device) for k, v in cond.items()}
         adv = torch.cat(advs)
         o = self.cfg.optim

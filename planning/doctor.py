@@ -14,14 +14,15 @@ on test-size models (its CI test); memory is then reported for CUDA only."""
 from __future__ import annotations
 
 import re
+import sys
 import time
 import traceback
-from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
+from pydantic import BaseModel
 
 from ..common.config import G2RPOConfig
 from ..common.flops import count_flops, peak_tflops, utilisation
@@ -44,6 +45,7 @@ PHASE_FIELDS = {
 }
 OOM_FIELDS = {
     "rollout worker": "model.rollout_weights_dtype",
+    "precision": "train.learner_max_batch",
     "learner": "train.learners / model.lora / model.mixed_precision",
     "rollout": "sampling.max_batch / sampling.decode_batch",
     "learn": "train.learner_max_batch / model.gradient_checkpointing",
@@ -56,37 +58,58 @@ FIELD_IN_MESSAGE = re.compile(
 )
 
 
+def is_config_field(path: str) -> bool:
+    """``train.reward.scorers`` is a field of G2RPOConfig; ``model.safetensors`` is not."""
+    model: type[BaseModel] | None = G2RPOConfig
+    for part in path.split("."):
+        if model is None or part not in model.model_fields:
+            return False
+        annotation = model.model_fields[part].annotation
+        inner = [a for a in getattr(annotation, "__args__", ()) if isinstance(a, type)]
+        kinds = [annotation, *inner]
+        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+    return True
+
+
 def field_of(phase: str, exc: BaseException) -> str:
     """The config field a failure points at: one the message names, else the
     memory fields of an out-of-memory, else the phase's own."""
-    named = FIELD_IN_MESSAGE.search(str(exc))
-    if named:
-        return named.group(0)
+    for named in FIELD_IN_MESSAGE.finditer(str(exc)):
+        if is_config_field(named.group(0)):
+            return named.group(0)
     if _is_oom(exc) and phase in OOM_FIELDS:
         return OOM_FIELDS[phase]
     return PHASE_FIELDS.get(phase, "")
 
 
 class DeviceMemory:
-    """Peak allocated bytes on a CUDA device between marks (None elsewhere)."""
+    """Allocated bytes on a CUDA device and their peak between marks (None elsewhere).
+    A sticky CUDA error makes every later call fail: these never raise, they answer
+    None and remember that the device is gone (``broken``)."""
 
     def __init__(self, device: str) -> None:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        self.broken: str | None = None
+
+    def _ask(self, fn):
+        if not self.cuda or self.broken:
+            return None
+        try:
+            torch.cuda.synchronize(self.device)
+            return fn(self.device)
+        except Exception as exc:
+            self.broken = f"{type(exc).__name__}: {exc}"
+            return None
 
     def allocated(self) -> int | None:
-        return torch.cuda.memory_allocated(self.device) if self.cuda else None
+        return self._ask(torch.cuda.memory_allocated)
 
     def reset(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+        self._ask(torch.cuda.reset_peak_memory_stats)
 
     def peak(self) -> int | None:
-        if not self.cuda:
-            return None
-        torch.cuda.synchronize(self.device)
-        return torch.cuda.max_memory_allocated(self.device)
+        return self._ask(torch.cuda.max_memory_allocated)
 
 
 def _gib(n: int | None) -> float | None:
@@ -101,6 +124,8 @@ class Doctor:
     """Runs the phases in order, each on the results of the ones before."""
 
     def __init__(self, cfg: G2RPOConfig, config_name: str, progress: bool = True) -> None:
+        # the learner runs as one rank: it holds what train.learners ranks would share
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"learners": 1})})
         self.cfg, self.name, self.progress = cfg, config_name, progress
         self.memory = DeviceMemory(cfg.model.device)
         self.results: list[PhaseResult] = []
@@ -116,12 +141,17 @@ class Doctor:
         result = PhaseResult(phase=name, plan_gib=self.estimates.get(actor or ""))
         self.results.append(result)
         missing = [n for n in needs if not self._passed(n)]
+        if self.memory.broken:  # nothing more can run on this device
+            result.ok = False
+            result.error = f"not run: the device failed earlier ({self.memory.broken})"
+            yield None
+            return
         if missing:
             result.error = f"skipped: needs {', '.join(missing)}"
             yield None
             return
         if self.progress:
-            print(f"g2rpo doctor: {name} ...", flush=True)
+            print(f"g2rpo doctor: {name} ...", file=sys.stderr, flush=True)
         self.memory.reset()
         before = self.memory.allocated()
         t0 = time.perf_counter()
@@ -135,28 +165,31 @@ class Doctor:
             if self.progress:
                 traceback.print_exc()
         finally:
-            if self.memory.cuda:
-                torch.cuda.synchronize(self.memory.device)
+            peak, after = self.memory.peak(), self.memory.allocated()
             result.seconds = round(time.perf_counter() - t0, 3)
-            peak = self.memory.peak()
-            if peak is not None and actor is not None:
-                others = sum(v for k, v in self.held.items() if k != actor)
-                result.peak_gib = _gib(max(peak - others, 0))
-            if before is not None:
-                result.details.setdefault("allocated_before_gib", _gib(before))
+            if None not in (peak, before, after) and actor is not None:
+                # what the actor held when the phase began, plus the phase's transient
+                # above everything then allocated (other cores, scorers, samples)
+                result.peak_gib = _gib(self.held.get(actor, 0) + peak - before)
+                self.held[actor] = self.held.get(actor, 0) + after - before  # e.g. AdamW
 
     def _passed(self, name: str) -> bool:
         return any(r.phase == name and r.ok for r in self.results)
 
-    def _hold(self, actor: str, build: Callable):
-        before = self.memory.allocated() or 0
-        core = build()
-        if self.memory.cuda:
-            self.held[actor] = self.memory.allocated() - before
-        return core
-
     # -------------------------------------------------------------- phases
     def run(self, scorers: list[str] | None = None) -> DoctorReport:
+        try:
+            self._phases(scorers)
+        finally:
+            self._leave_group()
+        return DoctorReport(
+            config=self.name,
+            device=self.cfg.model.device,
+            architecture=self.architecture,
+            phases=self.results,
+        )
+
+    def _phases(self, scorers: list[str] | None) -> None:
         cfg = self.cfg
         with self.phase("plan") as r:
             if r is not None:
@@ -165,10 +198,10 @@ class Doctor:
             if r is not None:
                 from ..rollout_worker.worker import RolloutWorkerCore
 
-                self.worker = self._hold("rollout worker", lambda: RolloutWorkerCore(cfg, 0))
+                self.worker = RolloutWorkerCore(cfg, 0)
         with self.phase("learner", "learner rank") as r:
             if r is not None:
-                self.learner = self._hold("learner rank", self._learner)
+                self.learner = self._learner()
         with self.phase("publish", needs=("rollout worker", "learner")) as r:
             if r is not None:
                 from ..common.weights import state_nbytes
@@ -191,13 +224,6 @@ class Doctor:
         with self.phase("evaluate", "rollout worker", needs=("rollout worker",)) as r:
             if r is not None:
                 self._evaluate(r)
-        self._leave_group()
-        return DoctorReport(
-            config=self.name,
-            device=cfg.model.device,
-            architecture=self.architecture,
-            phases=self.results,
-        )
 
     def _plan(self, r: PhaseResult) -> None:
         from .estimate import GiB as PLAN_GIB
@@ -239,20 +265,19 @@ class Doctor:
         self.prompts = self._prompts(
             cfg.train.prompts, "train.prompts", cfg.sampling.prompts_per_worker
         )
-        t0 = time.perf_counter()
-        self.sampled = worker.sample(0, self.prompts)
-        if self.memory.cuda:
-            torch.cuda.synchronize(self.memory.device)
-        seconds = time.perf_counter() - t0
+        parts: dict[str, float] = {}
+        self.sampled = worker.sample(0, self.prompts, timings=parts)
         plan, cond, result, _ = self.sampled
         flops = self._flops_per_nfe(cond)
+        engine_s = parts["engine_s"]  # NFE/s and MFU of the model calls, not of T5 or the VAE
         r.details = {
             "leaves": len(plan.leaves),
             "nfe": result.nfe,
             "model_calls": result.model_calls,
-            "nfe_per_s": round(result.nfe / seconds, 3),
+            **{k: round(v, 3) for k, v in parts.items()},
+            "nfe_per_s": round(result.nfe / engine_s, 3),
             "flops_per_nfe": flops,
-            **utilisation(flops * result.nfe, seconds, peak_tflops(cfg.model.device)),
+            **utilisation(flops * result.nfe, engine_s, peak_tflops(cfg.model.device)),
         }
         self.flops_per_nfe = flops
 

@@ -46,14 +46,39 @@ def sample_on_pipeline(
     max_sequence_length: int,
     max_batch: int = 256,
     decode_batch: int = 64,
+    timings: dict[str, float] | None = None,
 ):
     """Encode the prompts, run the plan with noise drawn from ``gen``, decode every
-    leaf: (prompt embeddings, RolloutResult, uint8 images [leaves, size, size, 3])."""
+    leaf: (prompt embeddings, RolloutResult, uint8 images [leaves, size, size, 3]).
+    ``timings``, when given, gets each part's seconds (encode_s, engine_s, decode_s),
+    the device synchronised at each boundary."""
+    clock = _PartClock(comps.device, timings)
     cond = comps.encode_prompts(prompts, max_sequence_length)
+    clock.lap("encode_s")
     # drawn on the CPU generator (the same noise on any device), moved once
     init, sde = (t.to(comps.device) for t in draw_noise(plan, comps.packed_shape(size, size), gen))
     result = RolloutEngine(model, grid, max_batch=max_batch).run(plan, cond, init, sde)
-    return cond, result, comps.decode(result.leaf_latents, size, size, batch=decode_batch)
+    clock.lap("engine_s")
+    images = comps.decode(result.leaf_latents, size, size, batch=decode_batch)
+    clock.lap("decode_s")
+    return cond, result, images
+
+
+class _PartClock:
+    """Seconds per part of a rollout, only when asked (a CUDA sync per part)."""
+
+    def __init__(self, device: torch.device, out: dict[str, float] | None) -> None:
+        self.device, self.out = device, out
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.out is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.out[name] = now - self.t
+        self.t = now
 
 
 @dataclass
@@ -122,7 +147,7 @@ class RolloutWorkerCore:
             self.client_urls = key
         return self.client
 
-    def _sample(self, plan: RolloutPlan, prompts: list[str], gen: torch.Generator):
+    def _sample(self, plan: RolloutPlan, prompts: list[str], gen: torch.Generator, timings=None):
         return sample_on_pipeline(
             self.comps,
             self.model,
@@ -134,19 +159,20 @@ class RolloutWorkerCore:
             max_sequence_length=self.cfg.train.max_sequence_length,
             max_batch=self.cfg.sampling.max_batch,
             decode_batch=self.cfg.sampling.decode_batch,
+            timings=timings,
         )
 
-    def sample(self, iteration: int, prompts: list[str]):
+    def sample(self, iteration: int, prompts: list[str], timings: dict | None = None):
         """This worker's rollout tree of an iteration, unscored: (plan, prompt
         embeddings, RolloutResult, uint8 leaf images); the noise and the plan are
-        drawn from (run seed, iteration, worker)."""
+        drawn from (run seed, iteration, worker). ``timings``: see sample_on_pipeline."""
         gen = torch.Generator().manual_seed(seed_for(self.cfg.run.seed, iteration, self.worker))
         plan = plan_for(self.cfg, iteration, gen)
         if plan.num_prompts != len(prompts):
             raise ValueError(
                 f"worker {self.worker}: got {len(prompts)} prompts, plan needs {plan.num_prompts}"
             )
-        cond, result, images = self._sample(plan, prompts, gen)
+        cond, result, images = self._sample(plan, prompts, gen, timings)
         return plan, cond, result, images
 
     def rollout(

@@ -70,13 +70,17 @@ def test_doctor_on_random_weights_in_the_world_architecture(tmp_path):
         "tiny",
         "--scorers",
         "shapes_oracle",
-        "--set",
-        "rewards=[{name: shapes_oracle}]",
-        cwd=REPO,
+        "--work-dir",
+        str(tmp_path),
+        "--json",
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "all phases passed" in proc.stdout
-    assert "g2rpo-doctor-" in proc.stdout  # it ran on the temporary random pipeline
+    rep = json.loads(proc.stdout)  # status lines went to stderr
+    assert all(p["ok"] for p in rep["phases"]), rep
+    assert str(tmp_path) in rep["architecture"]  # it ran on the random pipeline built there
+    # the configured reward (shapes_clip) has a scorer here, but --scorers replaced it
+    assert "rewards=" in proc.stderr and "shapes_oracle" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # and removed it
 
 
 def test_doctor_names_the_failing_phase_and_field(tmp_path):
@@ -109,6 +113,16 @@ def test_doctor_phases_keep_their_tensors_on_the_device():
         rep = run_doctor(cfg, "tiny", progress=False)
     failed = [(p.phase, p.error) for p in rep.phases if not p.ok]
     assert failed == [], failed
+
+
+def test_a_failure_names_only_real_config_fields():
+    from g2rpo.planning.doctor import field_of
+
+    missing = OSError("no file named pytorch_model.bin, model.safetensors in /x")
+    assert field_of("rollout worker", missing) == "model.pretrained"  # the phase's own
+    assert field_of("rollout", ValueError("train.prompts /p: not found")) == "train.prompts"
+    oom = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert field_of("precision", oom) == "train.learner_max_batch"
 
 
 @pytest.mark.parametrize("bad", ["2", "a,b", "-1,0"])
