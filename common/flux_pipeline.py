@@ -114,15 +114,25 @@ class FluxComponents:
             attention_backend=attention_backend,
         )
 
-    def encode_prompts(self, prompts: list[str], max_sequence_length: int = 512) -> dict:
-        return encode_prompts(
-            self.tokenizer,
-            self.text_encoder,
-            self.tokenizer_2,
-            self.text_encoder_2,
-            prompts,
-            max_sequence_length,
-        )
+    def encode_prompts(
+        self, prompts: list[str], max_sequence_length: int = 512, batch: int = 32
+    ) -> dict:
+        """Prompt embeddings in chunks of ``batch`` prompts: an evaluation's hundreds of
+        prompts through T5-XXL at once would hold GiBs of activations."""
+        if not prompts:
+            raise ValueError("prompts: at least one prompt is needed")
+        parts = [
+            encode_prompts(
+                self.tokenizer,
+                self.text_encoder,
+                self.tokenizer_2,
+                self.text_encoder_2,
+                prompts[lo : lo + batch],
+                max_sequence_length,
+            )
+            for lo in range(0, len(prompts), batch)
+        ]
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
     @torch.inference_mode()
     def decode(

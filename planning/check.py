@@ -86,7 +86,7 @@ def refuse_misfit(cfg: G2RPOConfig) -> None:
         return
     lines = [
         f"the memory plan says this run cannot fit {rep['gpu_memory_gib']:g} GiB GPUs "
-        "(train.gpu_memory_gib):"
+        f"(train.gpu_memory_gib), planned for {rep['architecture']}:"
     ]
     for a in rep["actors"]:
         if a["fits"]:
