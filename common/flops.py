@@ -1,8 +1,9 @@
-"""FLOP counting (torch.utils.flop_counter) and the bf16 peaks MFU is measured
-against."""
+"""FLOP counting (torch.utils.flop_counter), the bf16 peaks MFU is measured
+against, and the best-of-N wall time the benchmarks report."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -49,3 +50,15 @@ def utilisation(flops: float, seconds: float, peak: float | None) -> dict:
     # significant digits, not decimals: a test-size model on a busy CPU runs at ~1e-5 TFLOP/s
     mfu = float(f"{tflops / peak:.4g}") if peak else None
     return {"tflops": float(f"{tflops:.4g}"), "mfu": mfu}
+
+
+def best_seconds(fn: Callable[[], object], repeats: int, warmup: bool = False) -> float:
+    """The fastest of ``repeats`` calls of ``fn`` (after one untimed call if ``warmup``)."""
+    if warmup:
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best

@@ -10,11 +10,11 @@ every version anyway (``trained_state``)."""
 from __future__ import annotations
 
 import hashlib
-import time
 from typing import Any
 
 import torch
 
+from ..common.flops import best_seconds
 from ..common.weights import state_nbytes, weights_checksum
 
 FLUX_BLOCK_SHAPES = ((3072, 3072), (3072, 12288))
@@ -44,15 +44,6 @@ def flux_like_state(gigabytes: float, dtype: torch.dtype, seed: int = 0) -> dict
     return state
 
 
-def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
@@ -73,9 +64,9 @@ def bench_verification(gigabytes: float = 1.0, repeats: int = 3) -> dict[str, An
     for dtype in (torch.float32, torch.bfloat16):
         state = flux_like_state(gigabytes, dtype)
         size = state_nbytes(state) / GB
-        sha_s = _best(lambda state=state: sha256_checksum(state), repeats)
-        xxh_s = _best(lambda state=state: weights_checksum(state), repeats)
-        copy_s = _best(lambda state=state: {k: v.clone() for k, v in state.items()}, repeats)
+        sha_s = best_seconds(lambda state=state: sha256_checksum(state), repeats)
+        xxh_s = best_seconds(lambda state=state: weights_checksum(state), repeats)
+        copy_s = best_seconds(lambda state=state: {k: v.clone() for k, v in state.items()}, repeats)
         out[str(dtype).removeprefix("torch.")] = {
             "bytes": state_nbytes(state),
             "tensors": len(state),

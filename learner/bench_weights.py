@@ -11,13 +11,13 @@ size and each number of workers."""
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import ray
 import torch
 
 from ..common.config import LoraOptions
+from ..common.flops import best_seconds
 from ..common.flux import build_tiny_flux, count_parameters
 from ..common.lora import add_lora
 from ..common.weights import load_published, state_nbytes, weights_checksum
@@ -96,16 +96,6 @@ class _Subscriber(_Member):
         return int(ray.get(refs[0]).numel())
 
 
-def _best(fn, repeats: int) -> float:
-    fn()  # warm-up: first transfers map the object store
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _one_setting(size: str, mode: str, workers: int, lora_rank: int, repeats: int, device):
     pub = _Publisher.remote(size, mode, lora_rank, device, False)
     subs = [_Subscriber.remote(size, mode, lora_rank, device, True) for _ in range(workers)]
@@ -131,9 +121,9 @@ def _one_setting(size: str, mode: str, workers: int, lora_rank: int, repeats: in
         def put_and_get():
             ray.get(subs[0].fetch.remote(ray.get(pub.put_raw.remote(nbytes))))
 
-        store_s = _best(object_store, repeats)
-        bcast_s = _best(collective, repeats)
-        floor_s = _best(put_and_get, repeats)
+        store_s = best_seconds(object_store, repeats, warmup=True)
+        bcast_s = best_seconds(collective, repeats, warmup=True)
+        floor_s = best_seconds(put_and_get, repeats, warmup=True)
     finally:
         for actor in [pub, *subs]:
             ray.kill(actor)

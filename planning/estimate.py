@@ -21,7 +21,7 @@ import torch
 from ..common.config import G2RPOConfig
 from ..common.flux_pipeline import latent_size
 from ..common.paths import resolve_path
-from .presets import preset_config
+from .presets import build_component, preset_config
 from .trace import cached, transformer_activations, vae_decode_activations
 
 GiB = 2**30
@@ -94,18 +94,8 @@ def architecture(cfg: G2RPOConfig) -> tuple[dict[str, dict], str]:
 
 
 def _build_meta(component: str, config: dict) -> torch.nn.Module:
-    from diffusers import AutoencoderKL, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
-
-    arch = {k: v for k, v in config.items() if not k.startswith("_")}
     with torch.device("meta"):
-        if component == "transformer":
-            return FluxTransformer2DModel.from_config(arch)
-        if component == "vae":
-            return AutoencoderKL.from_config(arch)
-        if component == "text_encoder":
-            return CLIPTextModel(CLIPTextConfig.from_dict(config))
-        return T5EncoderModel(T5Config.from_dict(config))
+        return build_component(component, config)
 
 
 def parameter_counts(component: str, config: dict, lora: dict | None = None) -> dict:

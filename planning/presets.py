@@ -20,3 +20,22 @@ def preset_config(name: str, component: str) -> dict:
         raise ValueError(f"unknown pipeline component {component!r}; known: {known}")
     text = resources.files(__package__).joinpath("presets", name, f"{component}.json").read_text()
     return json.loads(text)
+
+
+def build_component(component: str, config: dict):
+    """A randomly initialised pipeline component from its ``config.json``, on the
+    current default device and dtype (callers wrap it in ``torch.device("meta")``,
+    a GPU, or a default dtype)."""
+    from diffusers import AutoencoderKL, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    arch = {k: v for k, v in config.items() if not k.startswith("_")}
+    if component == "transformer":
+        return FluxTransformer2DModel.from_config(arch)
+    if component == "vae":
+        return AutoencoderKL.from_config(arch)
+    if component == "text_encoder":
+        return CLIPTextModel(CLIPTextConfig.from_dict(config))
+    if component == "text_encoder_2":
+        return T5EncoderModel(T5Config.from_dict(config))
+    raise ValueError(f"unknown pipeline component {component!r}; known: {', '.join(COMPONENTS)}")

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from ..common.paths import resolve_path
-from .presets import COMPONENTS, PRESETS, preset_config
+from .presets import COMPONENTS, PRESETS, build_component, preset_config
+from .trace import default_dtype
 
 WORLD_PIPELINE = "assets/shapes-world/pipeline"
 RANDOM_ARCHITECTURES = ("tiny", *PRESETS)
@@ -33,31 +33,11 @@ def architecture_configs(name: str) -> dict[str, dict]:
     raise ValueError(f"--random-weights {name!r}: choose from {', '.join(RANDOM_ARCHITECTURES)}")
 
 
-@contextmanager
-def _default_dtype(dtype: torch.dtype):
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(before)
-
-
 def _build(component: str, config: dict, device: str, dtype: torch.dtype):
-    from diffusers import AutoencoderKL, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
-
-    arch = {k: v for k, v in config.items() if not k.startswith("_")}
     # initialised where it will run (fast on a GPU) and in its dtype: FLUX.1-dev's
     # transformer in float32 alone would take 48 GB before a bf16 copy
-    with torch.device(device), _default_dtype(dtype):
-        if component == "transformer":
-            return FluxTransformer2DModel.from_config(arch)
-        if component == "vae":
-            return AutoencoderKL.from_config(arch)
-        if component == "text_encoder":
-            return CLIPTextModel(CLIPTextConfig.from_dict(config))
-        return T5EncoderModel(T5Config.from_dict(config))
+    with torch.device(device), default_dtype(dtype):
+        return build_component(component, config)
 
 
 def build_random_pipeline(
