@@ -33,24 +33,15 @@ SETTINGS = {
 
 def _ratio_of(cfg, prompts: list[str]) -> tuple[torch.Tensor, int]:
     from ..common.weights import state_nbytes
-    from ..reward_server.process import free_port
     from ..rollout_worker.worker import RolloutWorkerCore
-    from .distributed import join_learner_group, leave_learner_group
-    from .trainer import LearnerCore, learner_share
+    from .trainer import learner_outside_ray
 
-    fsdp = cfg.model.mixed_precision == "fsdp"
-    if fsdp:  # the learner's real path: a one-rank group
-        join_learner_group(f"127.0.0.1:{free_port()}", 0, 1, cfg.model.device, 120)
-    try:
-        learner = LearnerCore(cfg, learner_share(cfg, 0))
+    with learner_outside_ray(cfg) as learner:  # the learner's real path: a one-rank group
         worker = RolloutWorkerCore(cfg, 0)
         version, state, checksum = learner.weights()
         worker.load_weights(version, state, checksum)
         _, cond, result, _ = worker.sample(0, prompts)
         return ratio_before_update(learner, result.transitions, cond), state_nbytes(state)
-    finally:
-        if fsdp:
-            leave_learner_group()
 
 
 def ratio_before_update(learner, transitions, cond) -> torch.Tensor:

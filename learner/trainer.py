@@ -3,6 +3,8 @@ trajectories, run the GRPO update, version and checksum the weights, checkpoint.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import torch
 
@@ -103,6 +105,31 @@ def learner_share(cfg: G2RPOConfig, rank: int) -> RankShare:
     """Rank ``rank``'s part of the group: FSDP2 shards for a full fine-tune in a
     group, data-parallel replicas for LoRA, the whole update for one learner."""
     return RankShare(rank, cfg.train.learners, sharded=sharded_learner(cfg))
+
+
+def single_rank(cfg: G2RPOConfig) -> G2RPOConfig:
+    """``cfg`` for one learner: it holds what ``train.learners`` ranks would share."""
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"learners": 1})})
+
+
+@contextmanager
+def learner_outside_ray(cfg: G2RPOConfig):
+    """A one-rank learner in this process, built as training builds a group's rank 0
+    (``g2rpo doctor``, ``bench precision``): when the config computes through a process
+    group (FSDP mixed precision) it joins a group of its own and leaves it after."""
+    from ..reward_server.process import free_port
+    from .distributed import join_learner_group, leave_learner_group
+
+    cfg = single_rank(cfg)
+    joined = uses_process_group(cfg)
+    if joined:
+        address = f"127.0.0.1:{free_port()}"
+        join_learner_group(address, 0, 1, cfg.model.device, cfg.train.collective_timeout_s)
+    try:
+        yield LearnerCore(cfg, learner_share(cfg, 0))
+    finally:
+        if joined:
+            leave_learner_group()
 
 
 class LearnerCore:

@@ -17,7 +17,7 @@ import re
 import sys
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -124,8 +124,9 @@ class Doctor:
     """Runs the phases in order, each on the results of the ones before."""
 
     def __init__(self, cfg: G2RPOConfig, config_name: str, progress: bool = True) -> None:
-        # the learner runs as one rank: it holds what train.learners ranks would share
-        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"learners": 1})})
+        from ..learner.trainer import single_rank
+
+        cfg = single_rank(cfg)  # the doctor's learner is one rank, and so is its plan
         self.cfg, self.name, self.progress = cfg, config_name, progress
         self.memory = DeviceMemory(cfg.model.device)
         self.results: list[PhaseResult] = []
@@ -178,10 +179,8 @@ class Doctor:
 
     # -------------------------------------------------------------- phases
     def run(self, scorers: list[str] | None = None) -> DoctorReport:
-        try:
+        with ExitStack() as self._cores:  # the learner's group is left however it ends
             self._phases(scorers)
-        finally:
-            self._leave_group()
         return DoctorReport(
             config=self.name,
             device=self.cfg.model.device,
@@ -236,21 +235,9 @@ class Doctor:
         r.details = {"estimates_gib": dict(self.estimates), "fits": p.fits}
 
     def _learner(self):
-        from ..learner.distributed import join_learner_group
-        from ..learner.trainer import LearnerCore, learner_share, uses_process_group
-        from ..reward_server.process import free_port
+        from ..learner.trainer import learner_outside_ray
 
-        self.group = uses_process_group(self.cfg)
-        if self.group:  # the learner's real path: a one-rank group
-            address = f"127.0.0.1:{free_port()}"
-            join_learner_group(address, 0, 1, self.cfg.model.device, 300)
-        return LearnerCore(self.cfg, learner_share(self.cfg, 0))
-
-    def _leave_group(self) -> None:
-        if getattr(self, "group", False):
-            from ..learner.distributed import leave_learner_group
-
-            leave_learner_group()
+        return self._cores.enter_context(learner_outside_ray(self.cfg))
 
     def _prompts(self, source: str, field: str, n: int) -> list[str]:
         from ..common.prompts import read_prompts

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from ..common.paths import resolve_path
+from ..world import DEFAULT_WORLD
 from .presets import COMPONENTS, PRESETS, build_component, preset_config
 from .trace import default_dtype
 
-WORLD_PIPELINE = "assets/shapes-world/pipeline"
+WORLD_PIPELINE = DEFAULT_WORLD / "pipeline"
 RANDOM_ARCHITECTURES = ("tiny", *PRESETS)
 
 
@@ -28,7 +28,7 @@ def architecture_configs(name: str) -> dict[str, dict]:
     if name in PRESETS:
         return {c: preset_config(name, c) for c in COMPONENTS}
     if name == "tiny":
-        root = resolve_path(WORLD_PIPELINE)
+        root = WORLD_PIPELINE
         return {c: json.loads((root / c / "config.json").read_text()) for c in COMPONENTS}
     raise ValueError(f"--random-weights {name!r}: choose from {', '.join(RANDOM_ARCHITECTURES)}")
 
@@ -63,7 +63,7 @@ def build_random_pipeline(
             "num_single_layers": single,
         }
     out = Path(out)
-    world = resolve_path(WORLD_PIPELINE)
+    world = WORLD_PIPELINE
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(world / "model_index.json", out / "model_index.json")
     for sub in ("scheduler", "tokenizer", "tokenizer_2"):

@@ -217,7 +217,7 @@ class RolloutWorkerCore:
             plan=plan,
             transitions=result.transitions.to("cpu"),
             cond={k: v.detach().cpu() for k, v in cond.items()},
-            leaf_rewards={n: torch.tensor(v, dtype=torch.float32) for n, v in scores.items()},
+            leaf_rewards={n: torch.as_tensor(v, dtype=torch.float32) for n, v in scores.items()},
             nfe=result.nfe,
             model_calls=result.model_calls,
             nfe_algorithm=algorithm_nfe(plan),

@@ -10,7 +10,6 @@ from g2rpo.learner.distributed import RankShare
 from g2rpo.learner.group import LearnerGroup
 from g2rpo.learner.placement import actor_options
 from g2rpo.learner.trainer import LearnerCore
-from g2rpo.rollout_worker.plan import algorithm_nfe
 from g2rpo.rollout_worker.worker import RolloutWorkerCore, Trajectories
 from servers import local_ray
 from small_run import SMALL_RUN
@@ -40,23 +39,10 @@ def _batches(cfg, workers: int = 2) -> list[Trajectories]:
     out, n = [], cfg.sampling.prompts_per_worker
     for w in range(workers):
         prompts = PROMPTS[n * w : n * (w + 1)]
-        plan, cond, result, _ = RolloutWorkerCore(cfg, w).sample(0, prompts)
+        worker = RolloutWorkerCore(cfg, w)
+        plan, cond, result, _ = worker.sample(0, prompts)
         rewards = torch.rand(len(plan.leaves), generator=torch.Generator().manual_seed(w))
-        out.append(
-            Trajectories(
-                worker=w,
-                iteration=0,
-                version=0,
-                prompts=prompts,
-                plan=plan,
-                transitions=result.transitions,
-                cond=cond,
-                leaf_rewards={"shapes_clip": rewards},
-                nfe=result.nfe,
-                model_calls=result.model_calls,
-                nfe_algorithm=algorithm_nfe(plan),
-            )
-        )
+        out.append(worker.trajectories(0, prompts, plan, cond, result, {"shapes_clip": rewards}))
     return out
 
 

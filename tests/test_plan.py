@@ -141,25 +141,14 @@ def test_rollout_worker_estimate_within_10_percent_of_the_traced_sample():
 
 def test_learner_estimate_within_10_percent_of_the_traced_update():
     from g2rpo.learner.trainer import LearnerCore
-    from g2rpo.rollout_worker.plan import algorithm_nfe
-    from g2rpo.rollout_worker.worker import RolloutWorkerCore, Trajectories
+    from g2rpo.rollout_worker.worker import RolloutWorkerCore
 
     # several micro-batches per optimizer step: the plan's steady state
     cfg = load_config(None, [*SMALL, "train.learner_max_batch=2", "optim.step_mode=accumulate"])
-    plan_, cond, result, _ = RolloutWorkerCore(cfg, 0).sample(0, PROMPTS)
-    batch = Trajectories(
-        worker=0,
-        iteration=0,
-        version=0,
-        prompts=PROMPTS,
-        plan=plan_,
-        transitions=result.transitions,
-        cond=cond,
-        leaf_rewards={"shapes_clip": torch.rand(len(plan_.leaves))},
-        nfe=result.nfe,
-        model_calls=result.model_calls,
-        nfe_algorithm=algorithm_nfe(plan_),
-    )
+    worker = RolloutWorkerCore(cfg, 0)
+    plan_, cond, result, _ = worker.sample(0, PROMPTS)
+    rewards = {"shapes_clip": torch.rand(len(plan_.leaves))}
+    batch = worker.trajectories(0, PROMPTS, plan_, cond, result, rewards)
     core = LearnerCore(cfg)
     core.update([batch])  # AdamW's states exist from here on
 
