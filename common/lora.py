@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from .config import LoraOptions
+from .config import G2RPOConfig, LoraOptions
+from .seeds import seed_for
 
 ADAPTER = "default"
 
@@ -108,3 +109,10 @@ def save_lora_weights(transformer: torch.nn.Module, directory: str | Path) -> Pa
         transformer_lora_adapter_metadata=transformer.peft_config[ADAPTER].to_dict(),
     )
     return directory / "pytorch_lora_weights.safetensors"
+
+
+def attach_lora(transformer: torch.nn.Module, cfg: G2RPOConfig) -> None:
+    """The run's adapters (if ``model.lora``), initialised from ``run.seed`` alone, so
+    the learner, every worker and a resumed run build the same ones."""
+    if cfg.model.lora is not None:
+        add_lora(transformer, cfg.model.lora, seed_for(cfg.run.seed, 0, 0, 2))

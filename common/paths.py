@@ -13,6 +13,8 @@ from pathlib import Path
 # The checkout's root, or the installed ``g2rpo`` package (common/ is g2rpo/common there).
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_CONFIGS = PROJECT_ROOT / "configs"
+# The committed tiny shapes world (reproducible by `g2rpo pretrain`, see its world.json).
+DEFAULT_WORLD = PROJECT_ROOT / "assets" / "shapes-world"
 
 
 def resolve_path(path: str | Path) -> Path:

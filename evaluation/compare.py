@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from ..common.config import dump_config, load_config
 from ..common.paths import resolve_path
-from ..learner.run_files import finished, read_metrics
+from ..run_directory.files import finished, read_metrics
 from .compare_spec import CompareSpec, PlannedRun, plan_runs
 from .eval_outputs import eval_summary, write_eval_outputs
 from .evaluate import EvalSettings, SplitSamples, evaluate_policy
@@ -238,7 +238,7 @@ def _save_tiles(out: Path, samples: dict[str, SplitSamples]) -> None:
     """The held-out samples the side-by-side grids show (8 prompts × 3 samples)."""
     import numpy as np
 
-    from .grids import spread_rows
+    from ..run_directory.grids import spread_rows
 
     held = samples.get("held_out") or next(iter(samples.values()))
     rows = spread_rows(len(held.prompts), 8)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..learner.run_files import read_evaluations, read_metrics
+from ..run_directory.files import read_evaluations, read_metrics
+from ..run_directory.grids import labelled_grid
 from .compare_spec import CompareSpec, PlannedRun
-from .grids import labelled_grid
 
 
 def eval_curve(run_dir: Path, metric: str) -> dict[str, np.ndarray]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from ..common.stats import across_seeds
-from ..learner.run_files import finished, read_metrics
+from ..run_directory.files import finished, read_metrics
 from .compare_spec import CompareSpec, PlannedRun
 
 VIEWS = {"budget": "at the budget", "at_iterations": "at equal iterations"}

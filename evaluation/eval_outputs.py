@@ -11,8 +11,8 @@ import numpy as np
 
 from ..common.shapes import parse_prompt, render_batch
 from ..common.stats import per_prompt_means
+from ..run_directory.grids import labelled_grid, spread_rows
 from .evaluate import EvalSettings, SplitSamples
-from .grids import labelled_grid, spread_rows
 from .metrics import paired, summarise
 
 

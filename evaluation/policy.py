@@ -12,8 +12,8 @@ import torch
 from ..common.config import G2RPOConfig, load_config
 from ..common.flux_pipeline import FluxComponents
 from ..common.loaders import ModelPathError
+from ..common.lora import attach_lora
 from ..common.paths import resolve_path
-from ..rollout_worker.worker import attach_lora
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 
@@ -53,7 +53,7 @@ def _lora_file(path: Path) -> Path | None:
 
 def _run_checkpoint(run: Path, which: str) -> Path:
     """A checkpoint of either layout (``it_N.pt`` or a sharded ``it_N.dcp/``)."""
-    from ..learner.run_files import list_checkpoints
+    from ..run_directory.files import list_checkpoints
 
     ckpts = list_checkpoints(run)
     if which == "latest":

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from ..common.stats import paired_difference, per_prompt_means
-from ..learner.run_files import finished, iteration_of, read_evaluations, read_metrics
+from ..run_directory.files import finished, iteration_of, read_evaluations, read_metrics
 
 TEMPLATE = "report.html.j2"
 

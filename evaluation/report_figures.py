@@ -1,12 +1,12 @@
 """The figures of a run's report as PNG bytes: the run's curve panels one per
-figure (learner.plots), and the held-out evaluation with the paired change since
+figure (run_directory.plots), and the held-out evaluation with the paired change since
 iteration 0 drawn as a band."""
 
 from __future__ import annotations
 
 import io
 
-from ..learner.plots import (
+from ..run_directory.plots import (
     draw_advantages,
     draw_loss,
     draw_ratio,

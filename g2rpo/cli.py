@@ -18,7 +18,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     if not os.environ.get("RAY_ADDRESS"):  # before ray is imported: a local cluster, no token
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from g2rpo.learner.driver import read_metrics, train
+    from g2rpo.orchestration.driver import read_metrics, train
 
     if args.config is None and args.resume is None:
         raise ValueError("give --config FILE (e.g. configs/tiny.yaml) or --resume RUN_DIR")
@@ -55,7 +55,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from g2rpo.learner.telemetry import read_status
+    from g2rpo.orchestration.telemetry import read_status
 
     state = read_status(args.run, args.redis_url)
     if args.json:

@@ -20,7 +20,7 @@ def int_list(text: str) -> list[int]:
 def _cmd_bench_engine(args: argparse.Namespace) -> int:
     import torch
 
-    from g2rpo.rollout_worker.bench import bench_engine
+    from g2rpo.benchmarks.rollout import bench_engine
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -66,7 +66,7 @@ def _cmd_bench_engine(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_reward(args: argparse.Namespace) -> int:
-    from g2rpo.reward_server.bench import bench_reward
+    from g2rpo.benchmarks.reward import bench_reward
 
     result = bench_reward(
         scorer=args.scorer,
@@ -98,7 +98,7 @@ def _cmd_bench_reward(args: argparse.Namespace) -> int:
 def _cmd_bench_learner(args: argparse.Namespace) -> int:
     import torch
 
-    from g2rpo.learner.bench import bench_learner
+    from g2rpo.benchmarks.learner import bench_learner
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -135,7 +135,7 @@ def _cmd_bench_learner(args: argparse.Namespace) -> int:
 def _cmd_bench_weights(args: argparse.Namespace) -> int:
     if args.verify_gb is not None:
         return _cmd_bench_verification(args)
-    from g2rpo.learner.bench_weights import bench_weights
+    from g2rpo.benchmarks.weights import bench_weights
 
     try:
         result = bench_weights(
@@ -168,7 +168,7 @@ def _cmd_bench_weights(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_verification(args: argparse.Namespace) -> int:
-    from g2rpo.learner.bench_verify import bench_verification
+    from g2rpo.benchmarks.weights_verify import bench_verification
 
     try:
         result = bench_verification(args.verify_gb, args.repeats)
@@ -191,7 +191,7 @@ def _cmd_bench_verification(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_precision(args: argparse.Namespace) -> int:
-    from g2rpo.learner.bench_precision import bench_precision
+    from g2rpo.benchmarks.precision import bench_precision
 
     try:
         result = bench_precision(

@@ -7,7 +7,7 @@ import json
 
 
 def _cmd_eval_world(args: argparse.Namespace) -> int:
-    from g2rpo.world import DEFAULT_WORLD
+    from g2rpo.common.paths import DEFAULT_WORLD
     from g2rpo.world.evaluate import evaluate_world
 
     world = args.world or DEFAULT_WORLD

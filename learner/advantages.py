@@ -14,7 +14,7 @@ from ..common.advantages import (
     shuffle_within_groups,
 )
 from ..common.config import G2RPOConfig
-from ..rollout_worker.plan import RolloutPlan
+from ..common.rollout_plan import RolloutPlan
 
 
 def plan_advantages(

@@ -18,6 +18,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..common.weight_sync import backend_for, use_device
+
 
 @dataclass(frozen=True)
 class RankShare:
@@ -53,18 +55,6 @@ class RankShare:
 
 
 SINGLE = RankShare()
-
-
-def backend_for(device: str) -> str:
-    return "nccl" if torch.device(device).type == "cuda" else "gloo"
-
-
-def use_device(device: str) -> None:
-    """Make ``device`` this process's current CUDA device (``cuda`` means the first
-    one it sees: Ray gives each GPU actor its own)."""
-    d = torch.device(device)
-    if d.type == "cuda":
-        torch.cuda.set_device(d.index or 0)
 
 
 def join_learner_group(address: str, rank: int, world: int, device: str, timeout_s: float):

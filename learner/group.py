@@ -9,7 +9,7 @@ from __future__ import annotations
 import ray
 
 from ..common.config import G2RPOConfig
-from .actors import Learner
+from .actor import Learner
 from .trainer import uses_process_group
 
 

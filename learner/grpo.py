@@ -32,7 +32,8 @@ from ..common.sde import (
     step_coefficients,
     transition_mean,
 )
-from ..rollout_worker.engine import Transitions, VelocityModel
+from ..common.trajectories import Transitions
+from ..rollout_worker.engine import VelocityModel
 from .distributed import SINGLE, RankShare, gather_objects, sum_gradients, total_norm
 
 StepMode = Literal["per_sde_step", "accumulate", "per_samples"]

@@ -12,12 +12,12 @@ from ..common.advantages import advantage_shares
 from ..common.config import G2RPOConfig
 from ..common.flux import FluxVelocity
 from ..common.flux_pipeline import latent_size
-from ..common.lora import BaseModelVelocity, adapter_state, load_adapter_state
+from ..common.lora import BaseModelVelocity, adapter_state, attach_lora, load_adapter_state
 from ..common.paths import resolve_path
 from ..common.schedules import sampling_grid
+from ..common.seeds import seed_for
+from ..common.trajectories import Trajectories, Transitions
 from ..common.weights import weights_checksum
-from ..rollout_worker.engine import Transitions
-from ..rollout_worker.worker import Trajectories, attach_lora, seed_for
 from .advantages import plan_advantages, plan_reward_terms
 from .checkpoints import (
     full_weights,
@@ -117,7 +117,7 @@ def learner_outside_ray(cfg: G2RPOConfig):
     """A one-rank learner in this process, built as training builds a group's rank 0
     (``g2rpo doctor``, ``bench precision``): when the config computes through a process
     group (FSDP mixed precision) it joins a group of its own and leaves it after."""
-    from ..reward_server.process import free_port
+    from ..common.net import free_port
     from .distributed import join_learner_group, leave_learner_group
 
     cfg = single_rank(cfg)

@@ -303,7 +303,7 @@ class Doctor:
         }
 
     def _precision(self, r: PhaseResult) -> None:
-        from ..learner.bench_precision import ratio_before_update
+        from ..learner.ratio_check import ratio_before_update
 
         _, cond, result, _ = self.sampled
         dev = (ratio_before_update(self.learner, result.transitions, cond) - 1).abs()

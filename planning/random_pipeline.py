@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..world import DEFAULT_WORLD
+from ..common.paths import DEFAULT_WORLD
 from .presets import COMPONENTS, PRESETS, build_component, preset_config
 from .trace import default_dtype
 

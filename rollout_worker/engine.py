@@ -12,15 +12,16 @@ outputs agree to the model's batch-size rounding.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
 from tqdm.auto import tqdm
 
+from ..common.rollout_plan import Edge, RolloutPlan
 from ..common.schedules import SamplingGrid
 from ..common.sde import gaussian_log_prob, step_coefficients, transition_mean
-from .plan import Edge, RolloutPlan
+from ..common.trajectories import Transitions
 
 Execution = Literal["batched", "reference"]
 
@@ -35,37 +36,6 @@ class VelocityModel(Protocol):
     def __call__(
         self, x: torch.Tensor, timestep: torch.Tensor, cond: Mapping[str, torch.Tensor]
     ) -> torch.Tensor: ...
-
-
-@dataclass
-class Transitions:
-    """The trained SDE steps of a rollout, as the learner needs them.
-
-    States are deduplicated: in G²RPO the G members of a group share their anchor
-    state x_k, so the learner runs one forward per (prompt, k).
-    """
-
-    states: torch.Tensor  # [S, ...] distinct x_t
-    state_step: torch.Tensor  # [S] grid index t of each state
-    state_prompt: torch.Tensor  # [S] prompt (conditioning row) of each state
-    next_samples: torch.Tensor  # [M, ...] x_{t'} drawn by the SDE step (fp32)
-    next_step: torch.Tensor  # [M] grid index t' reached
-    old_log_probs: torch.Tensor  # [M]
-    state_index: torch.Tensor  # [M] row of ``states`` each transition starts from
-    adv_slot: torch.Tensor  # [M] flat index into the plan's advantage tensor
-
-    def __len__(self) -> int:
-        return int(self.old_log_probs.shape[0])
-
-    def to(self, device) -> Transitions:
-        """The sample tensors on ``device``; the index tensors stay on the CPU, where
-        the bookkeeping that reads them runs (a CUDA tensor takes CPU indices)."""
-        return replace(
-            self,
-            states=self.states.to(device),
-            next_samples=self.next_samples.to(device),
-            old_log_probs=self.old_log_probs.to(device),
-        )
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Rollout plans: which trajectories an algorithm samples, as paths through the σ grid.
+"""Rollout plan builders: which trajectories each algorithm samples, as paths through
+the σ grid (the plan itself: ``common/rollout_plan.py``).
 
 A plan is a list of leaves; each leaf is one trajectory from an initial noise (its
 root) to σ=0, given as edges (target grid index, ODE or SDE with a noise row).
@@ -10,103 +11,12 @@ Builders here encode each algorithm's sampling scheme; they do no tensor work.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
+from ..common.rollout_plan import Edge, Leaf, RolloutPlan
 from ..common.schedules import Terminal, completion_indices
-
-LeafKind = Literal["anchor", "branch", "sample"]
-
-
-@dataclass(frozen=True)
-class Edge:
-    """One step to grid index ``to`` from the previous node's index."""
-
-    to: int
-    noise: int = -1  # row of the SDE noise table; -1 = deterministic (ODE) step
-    trained: bool = False  # the step's log-prob enters the loss
-    adv_slot: int = -1  # advantage used by this transition (when trained)
-    store: bool = False  # the official loop keeps this output (reference mode reuses it)
-
-    @property
-    def stochastic(self) -> bool:
-        return self.noise >= 0
-
-
-@dataclass(frozen=True)
-class Leaf:
-    root: int
-    prompt: int
-    edges: tuple[Edge, ...]
-    kind: LeafKind
-    coords: tuple[int, ...]  # anchor: (p,); branch: (p, k_idx, g_idx, j); sample: (p, j)
-
-
-@dataclass
-class RolloutPlan:
-    algorithm: str
-    num_steps: int
-    sde_type: Literal["flow", "dance"]
-    eta: float
-    num_prompts: int
-    group_size: int
-    root_prompt: list[int]  # prompt of each initial-noise row
-    num_noises: int
-    leaves: list[Leaf]
-    adv_shape: tuple[int, ...]  # advantages are a tensor of this shape, flattened into slots
-    sde_steps: list[int] = field(default_factory=list)
-    granularities: list[int] = field(default_factory=list)
-
-    @property
-    def num_roots(self) -> int:
-        return len(self.root_prompt)
-
-    def leaf_indices(self, kind: LeafKind) -> list[int]:
-        return [i for i, leaf in enumerate(self.leaves) if leaf.kind == kind]
-
-    def gather(self, per_leaf: torch.Tensor, kind: LeafKind) -> torch.Tensor:
-        """Arrange per-leaf values ([num_leaves, ...]) of one kind on their coordinate grid:
-        anchor → [P, ...], branch → [P, K, J, G, ...], sample → [P, G, ...]."""
-        idx = self.leaf_indices(kind)
-        if not idx:
-            raise ValueError(f"plan {self.algorithm!r} has no {kind} leaves")
-        shape = {
-            "anchor": (self.num_prompts,),
-            "branch": (
-                self.num_prompts,
-                len(self.sde_steps),
-                len(self.granularities),
-                self.group_size,
-            ),
-            "sample": (self.num_prompts, self.group_size),
-        }[kind]
-        out = per_leaf.new_zeros(shape + tuple(per_leaf.shape[1:]))
-        for i in idx:
-            out[self.leaves[i].coords] = per_leaf[i]
-        return out
-
-
-def tree_nfe(plan: RolloutPlan, kinds: tuple[LeafKind, ...] | None = None) -> int:
-    """Model evaluations of the rollout tree restricted to leaves of ``kinds`` (all
-    when None): one per distinct node (root, edge prefix) that some leaf steps from."""
-    nodes = {
-        (leaf.root, leaf.edges[:d])
-        for leaf in plan.leaves
-        if kinds is None or leaf.kind in kinds
-        for d in range(len(leaf.edges))
-    }
-    return len(nodes)
-
-
-def algorithm_nfe(plan: RolloutPlan) -> int:
-    """The rollout NFEs the algorithm itself needs: a baseline's ODE anchors only
-    measure the policy (``anchor_reward``), so they count as evaluation, not
-    training; G²RPO's anchor is the trunk its branches start from."""
-    if plan.algorithm in ("g2rpo", "anchor"):
-        return tree_nfe(plan)
-    return tree_nfe(plan, ("sample",))
 
 
 def _anchor_edges(num_steps: int, store: bool) -> tuple[Edge, ...]:

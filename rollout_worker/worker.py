@@ -4,33 +4,22 @@ roll out its prompts, decode, score through the reward service, return trajector
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..common.config import G2RPOConfig
 from ..common.flux_pipeline import FluxComponents
-from ..common.lora import add_lora
+from ..common.lora import attach_lora
 from ..common.paths import resolve_path
+from ..common.rollout_plan import RolloutPlan, algorithm_nfe
 from ..common.schedules import sampling_grid
+from ..common.seeds import seed_for
+from ..common.trajectories import Trajectories
 from ..common.weights import load_published
 from ..reward_server.client import RewardClient
-from .engine import RolloutEngine, Transitions, draw_noise
-from .plan import RolloutPlan, algorithm_nfe, anchor_plan, plan_for
-
-
-def seed_for(seed: int, iteration: int, worker: int, stream: int = 0) -> int:
-    """Seeds are pure functions of (run seed, iteration, worker): a redone rollout, a
-    restarted actor and a resumed run all draw the same noise."""
-    return int(np.random.SeedSequence([seed, iteration, worker, stream]).generate_state(1)[0])
-
-
-def attach_lora(transformer: torch.nn.Module, cfg: G2RPOConfig) -> None:
-    """The run's adapters (if ``model.lora``), initialised from ``run.seed`` alone, so
-    the learner, every worker and a resumed run build the same ones."""
-    if cfg.model.lora is not None:
-        add_lora(transformer, cfg.model.lora, seed_for(cfg.run.seed, 0, 0, 2))
+from .engine import RolloutEngine, draw_noise
+from .plan import anchor_plan, plan_for
 
 
 @torch.no_grad()
@@ -79,22 +68,6 @@ class _PartClock:
         now = time.perf_counter()
         self.out[name] = now - self.t
         self.t = now
-
-
-@dataclass
-class Trajectories:
-    worker: int
-    iteration: int
-    version: int
-    prompts: list[str]
-    plan: RolloutPlan
-    transitions: Transitions
-    cond: dict[str, torch.Tensor]
-    leaf_rewards: dict[str, torch.Tensor]
-    nfe: int  # every sample evaluation of the rollout
-    model_calls: int
-    nfe_algorithm: int = 0  # of which the algorithm needs (not a baseline's logging anchors)
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 class RolloutWorkerCore:

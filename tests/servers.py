@@ -9,7 +9,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from g2rpo.reward_server.process import RewardServerProcess, free_port, g2rpo_executable
+from g2rpo.common.net import free_port
+from g2rpo.reward_server.process import RewardServerProcess, g2rpo_executable
 
 G2RPO = g2rpo_executable()
 __all__ = [

@@ -21,7 +21,7 @@ SMALL_RUN = [
 def small_train(world, out, name, iterations, extra=(), **kw):
     """``g2rpo train`` of the small setting on ``world`` (the quick world), scored by
     a job-started reward server with the world's shapes_clip."""
-    from g2rpo.learner.driver import train
+    from g2rpo.orchestration.driver import train
 
     over = [
         *SMALL_RUN,

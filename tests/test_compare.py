@@ -7,10 +7,11 @@ import json
 
 import pytest
 from g2rpo.common.config import ConfigError, dump_config, load_config
+from g2rpo.common.rollout_plan import algorithm_nfe
 from g2rpo.evaluation.compare import SpecChanged, compare, evaluate_runs
 from g2rpo.evaluation.compare_spec import load_spec, plan_runs
 from g2rpo.evaluation.report import write_report
-from g2rpo.rollout_worker.plan import algorithm_nfe, g2rpo_plan
+from g2rpo.rollout_worker.plan import g2rpo_plan
 from small_run import SMALL_RUN
 
 

@@ -180,8 +180,7 @@ def test_the_images_carry_what_their_commands_need():
     import re
 
     import tomllib
-    from g2rpo.common.paths import PROJECT_ROOT
-    from g2rpo.world import DEFAULT_WORLD
+    from g2rpo.common.paths import DEFAULT_WORLD, PROJECT_ROOT
 
     tool = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {target.split("/")[0] for target in tool["package-dir"].values()}

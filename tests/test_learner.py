@@ -5,9 +5,10 @@ import torch
 from conftest import ElementwiseVelocity, flux_cond, toy_cond
 from g2rpo.common.config import load_config
 from g2rpo.common.schedules import sampling_grid
+from g2rpo.common.trajectories import Transitions
 from g2rpo.learner.advantages import plan_advantages
 from g2rpo.learner.grpo import StepSpec, grpo_update, recompute_log_probs
-from g2rpo.rollout_worker.engine import RolloutEngine, Transitions, draw_noise
+from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
 from g2rpo.rollout_worker.plan import g2rpo_plan
 
 SHAPE = (4, 3)

@@ -6,11 +6,12 @@ import pytest
 import ray
 import torch
 from g2rpo.common.config import load_config
+from g2rpo.common.placement import actor_options
+from g2rpo.common.trajectories import Trajectories
 from g2rpo.learner.distributed import RankShare
 from g2rpo.learner.group import LearnerGroup
-from g2rpo.learner.placement import actor_options
 from g2rpo.learner.trainer import LearnerCore
-from g2rpo.rollout_worker.worker import RolloutWorkerCore, Trajectories
+from g2rpo.rollout_worker.worker import RolloutWorkerCore
 from servers import local_ray
 from small_run import SMALL_RUN
 

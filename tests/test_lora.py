@@ -5,10 +5,11 @@ is the base model; the compute dtype reaches both sides."""
 import pytest
 import torch
 from g2rpo.common.config import load_config
+from g2rpo.common.trajectories import Trajectories
 from g2rpo.common.weights import WeightMismatch
 from g2rpo.learner.trainer import LearnerCore
 from g2rpo.rollout_worker.plan import anchor_plan, plan_for
-from g2rpo.rollout_worker.worker import RolloutWorkerCore, Trajectories
+from g2rpo.rollout_worker.worker import RolloutWorkerCore
 from small_run import SMALL_RUN
 
 SMALL = [*SMALL_RUN, "train.workers=1", "optim.lr=1e-3"]

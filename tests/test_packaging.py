@@ -136,7 +136,7 @@ def test_the_installed_package_resolves_the_shipped_paths(installed):
         "import json, g2rpo\n"
         "from g2rpo.common.config import load_config\n"
         "from g2rpo.common.paths import resolve_path\n"
-        "from g2rpo.world import DEFAULT_WORLD\n"
+        "from g2rpo.common.paths import DEFAULT_WORLD\n"
         "cfg = load_config('configs/tiny.yaml')\n"
         "assert load_config('tiny.yaml') == cfg\n"
         "print(json.dumps({'package': g2rpo.__file__, 'world': str(DEFAULT_WORLD),\n"

@@ -8,8 +8,8 @@ import time
 import pytest
 import ray
 from g2rpo.common.config import load_config
-from g2rpo.learner.driver import read_metrics, train
-from g2rpo.learner.placement import PlacementError, local_cluster_resources
+from g2rpo.orchestration.driver import read_metrics, train
+from g2rpo.orchestration.placement import PlacementError, local_cluster_resources
 from small_run import SMALL_RUN
 
 SMALL = [
@@ -142,7 +142,7 @@ def test_job_replicas_need_the_job_token_restart_and_stop(two_nodes, quick_world
     import signal
 
     import httpx
-    from g2rpo.learner.reward_replicas import RewardSource
+    from g2rpo.reward_server.replicas import RewardSource
 
     cfg = load_config(
         None,
@@ -181,7 +181,7 @@ def test_job_replicas_need_the_job_token_restart_and_stop(two_nodes, quick_world
 
 
 def test_a_replica_that_cannot_start_says_why(two_nodes):
-    from g2rpo.learner.reward_replicas import RewardSource
+    from g2rpo.reward_server.replicas import RewardSource
 
     source = RewardSource(load_config(None, ["rewards=[{name: no_such_scorer}]"]), None)
     try:

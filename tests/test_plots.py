@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from g2rpo.learner.plots import plot_curves
+from g2rpo.run_directory.plots import plot_curves
 from PIL import Image
 
 

@@ -11,11 +11,11 @@ import time
 import pytest
 import ray
 from g2rpo.common.config import load_config
-from g2rpo.learner.actors import RolloutWorker
-from g2rpo.learner.cluster import RunActors
+from g2rpo.common.placement import actor_options
 from g2rpo.learner.group import LearnerGroup
-from g2rpo.learner.placement import actor_options
-from g2rpo.learner.publishing import CollectivePublisher
+from g2rpo.orchestration.cluster import RunActors
+from g2rpo.orchestration.publishing import CollectivePublisher
+from g2rpo.rollout_worker.actor import RolloutWorker
 from servers import local_ray
 from small_run import SMALL_RUN
 
@@ -88,7 +88,7 @@ def test_rank0_keeps_the_versions_a_worker_may_load_each_held_once(ray_three):
 
     import torch
     from g2rpo.common.weights import weights_checksum
-    from g2rpo.learner.publishing import StagedVersions, versions_kept
+    from g2rpo.learner.staged_versions import StagedVersions, versions_kept
 
     assert (versions_kept(0), versions_kept(1), versions_kept(3)) == (1, 2, 2)
     staged = StagedVersions(versions_kept(1))

@@ -5,8 +5,9 @@ import shutil
 import subprocess
 import sys
 
-from g2rpo.learner.driver import read_metrics
-from g2rpo.reward_server.process import free_port, g2rpo_executable
+from g2rpo.common.net import free_port
+from g2rpo.orchestration.driver import read_metrics
+from g2rpo.reward_server.process import g2rpo_executable
 
 
 def test_ray_job_submit_completes_one_iteration(quick_world, tmp_path):

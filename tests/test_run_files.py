@@ -3,9 +3,9 @@
 from pathlib import Path
 
 from g2rpo.common.config import load_config
-from g2rpo.learner.budget import Budget
-from g2rpo.learner.driver import TrainingLoop
-from g2rpo.learner.run_files import (
+from g2rpo.orchestration.budget import Budget
+from g2rpo.orchestration.driver import TrainingLoop
+from g2rpo.run_directory.files import (
     append_metrics,
     finished,
     latest_checkpoint,

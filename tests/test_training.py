@@ -4,8 +4,8 @@ import os
 
 import pytest
 from g2rpo.common.weights import WeightMismatch
-from g2rpo.learner.driver import read_metrics, train
 from g2rpo.learner.trainer import LearnerCore, StaleTrajectories
+from g2rpo.orchestration.driver import read_metrics, train
 from g2rpo.rollout_worker.worker import RolloutWorkerCore
 from servers import local_ray
 from small_run import SMALL_RUN, small_train, when_first_row
@@ -148,7 +148,7 @@ def test_stale_trajectories_and_bad_weights_are_refused(quick_world):
         worker.load_weights(version, bad, checksum)
     assert worker.load_weights(version, state, checksum) == (version, checksum)
     learner.version = 3  # the learner moved on; the worker is still on v0
-    from g2rpo.rollout_worker.worker import Trajectories
+    from g2rpo.common.trajectories import Trajectories
 
     stale = Trajectories(
         worker=0,
@@ -296,7 +296,8 @@ def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
 ):
     import json
 
-    from g2rpo.rollout_worker.plan import algorithm_nfe, g2rpo_plan
+    from g2rpo.common.rollout_plan import algorithm_nfe
+    from g2rpo.rollout_worker.plan import g2rpo_plan
 
     # per iteration: each of the 2 workers' rollout tree + one learner forward per
     # (prompt, SDE step)

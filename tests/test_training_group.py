@@ -10,7 +10,7 @@ import signal
 
 import pytest
 import torch
-from g2rpo.learner.driver import read_metrics, train
+from g2rpo.orchestration.driver import read_metrics, train
 from servers import local_ray
 from small_run import small_train, when_first_row
 

@@ -5,9 +5,9 @@ import multiprocessing as mp
 import time
 
 import torch
+from g2rpo.common.net import free_port
+from g2rpo.common.weight_sync import WeightGroup, layout_of, pack, unpack
 from g2rpo.common.weights import weights_checksum
-from g2rpo.learner.weight_sync import WeightGroup, layout_of, pack, unpack
-from g2rpo.reward_server.process import free_port
 
 
 def _state() -> dict[str, torch.Tensor]:

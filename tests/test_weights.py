@@ -11,8 +11,8 @@ from g2rpo.common.config import LoraOptions
 from g2rpo.common.flux import build_tiny_flux
 from g2rpo.common.lora import adapter_state, add_lora
 from g2rpo.common.weights import WeightMismatch, load_published, weights_checksum
-from g2rpo.learner.publishing import Published, check_loaded
 from g2rpo.learner.trainer import in_rollout_dtype, trained_state
+from g2rpo.orchestration.publishing import Published, check_loaded
 
 
 def test_checksum_is_xxh3_128_of_each_header_and_its_bytes_in_name_order():

@@ -192,9 +192,9 @@ def test_random_tiny_flux_pipeline_with_guidance_through_the_loader(tmp_path):
 
 
 def test_committed_default_world_loads_and_its_reward_separates_pairs():
+    from g2rpo.common.paths import DEFAULT_WORLD
     from g2rpo.common.shapes import render_batch, split_combinations
     from g2rpo.reward_server.scorers.registry import make_scorer
-    from g2rpo.world import DEFAULT_WORLD
     from g2rpo.world.evaluate import auc, sample_images
 
     comps = FluxComponents.load(DEFAULT_WORLD / "pipeline")

@@ -52,7 +52,7 @@ def _image_reward(path=None, device: str = "cpu", dtype: str = "auto", **_) -> S
 
 
 def _registry() -> dict[str, Callable[..., Scorer]]:
-    from ...world import DEFAULT_WORLD
+    from ...common.paths import DEFAULT_WORLD
 
     return {
         "shapes_oracle": _shapes_oracle,

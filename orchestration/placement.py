@@ -15,10 +15,6 @@ class PlacementError(RuntimeError):
     """An actor the cluster did not place in time; names the config fields."""
 
 
-def actor_options(num_cpus: float, num_gpus: float, resources: dict[str, float]) -> dict:
-    return {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": dict(resources)}
-
-
 def local_cluster_resources(cfg: G2RPOConfig, redis_url: str | None = None) -> dict:
     """What a one-machine Ray needs to place every actor of this config: the CPU
     count and each custom resource summed over the actors, so a config written for
@@ -46,28 +42,6 @@ def local_cluster_resources(cfg: G2RPOConfig, redis_url: str | None = None) -> d
     # a node declares whole units (Ray refuses 2.5); actors may still ask fractions
     whole = {name: float(math.ceil(amount)) for name, amount in custom.items()}
     return {"num_cpus": max(2, math.ceil(cpus)), "resources": whole}
-
-
-def where_am_i() -> dict:
-    """Called inside an actor: its node, process and the resources Ray gave it."""
-    import os
-
-    ctx = ray.get_runtime_context()
-    return {
-        "node_id": ctx.get_node_id(),
-        "node_ip": ray.util.get_node_ip_address(),
-        "pid": os.getpid(),
-        "resources": {k: v for k, v in ctx.get_assigned_resources().items() if v},
-    }
-
-
-def free_address() -> str:
-    """Called inside an actor: ``node_ip:port`` with a port free on its node, where
-    a process group (the learner group, the weight broadcast) meets."""
-    from ..reward_server.process import free_port
-
-    ip = ray.util.get_node_ip_address()
-    return f"{ip}:{free_port(ip)}"
 
 
 def _summary(resources: dict) -> dict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..common.config import G2RPOConfig, dump_config, load_config
-from .run_files import (
+from ..run_directory.files import (
     CKPT,
     export_final,
     latest_checkpoint,

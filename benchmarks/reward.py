@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .client import RewardClient
-from .process import RewardServerProcess
+from ..reward_server.client import RewardClient
+from ..reward_server.process import RewardServerProcess
 
 
 def _server(scorer: str, max_batch: int, threads: int, device: str) -> RewardServerProcess:
@@ -94,7 +94,7 @@ def bench_reward(
     name = scorer.partition("=")[0]
     with tempfile.TemporaryDirectory() as tmp:
         if random_model:
-            from .random_models import random_clip_dir
+            from ..reward_server.random_models import random_clip_dir
 
             scorer = f"{name}={random_clip_dir(Path(tmp) / random_model, random_model)}"
         results = _measure(scorer, name, duration_s, per_request, clients, seed, device, image_size)

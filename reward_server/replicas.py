@@ -43,7 +43,7 @@ class RewardReplica:
             self._watch_start()
 
     def _launch(self, port: int | None):
-        from ..reward_server.process import RewardServerProcess
+        from .process import RewardServerProcess
 
         scorers, token, redis_url, device = self.args
         host = ray.util.get_node_ip_address()
@@ -111,7 +111,7 @@ class RewardReplica:
         return server.proc.pid if server is not None else None
 
     def placement(self) -> dict:
-        from .placement import where_am_i
+        from ..common.placement import where_am_i
 
         return where_am_i()
 
@@ -153,7 +153,7 @@ class RewardSource:
         register = self.redis_url if r.token_env else None
         if count and self.token is None:
             self.token = secrets.token_urlsafe(24)  # this job's replicas only
-        from .placement import actor_options
+        from ..common.placement import actor_options
 
         options = actor_options(r.num_cpus, r.num_gpus, r.resources)
         device = "cuda" if r.num_gpus > 0 else "cpu"

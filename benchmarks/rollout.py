@@ -18,8 +18,8 @@ from ..common.flux import (
     tiny_flux_config,
 )
 from ..common.schedules import expected_g2rpo_nfe, sampling_grid
-from .engine import RolloutEngine, RolloutResult, draw_noise
-from .plan import g2rpo_plan
+from ..rollout_worker.engine import RolloutEngine, RolloutResult, draw_noise
+from ..rollout_worker.plan import g2rpo_plan
 
 
 def _sync(device: torch.device) -> None:

@@ -20,10 +20,10 @@ from ..common.config import LoraOptions
 from ..common.flops import best_seconds
 from ..common.flux import build_tiny_flux, count_parameters
 from ..common.lora import add_lora
+from ..common.net import free_address
+from ..common.weight_sync import WeightGroup, layout_of
 from ..common.weights import load_published, state_nbytes, weights_checksum
-from .placement import free_address
-from .trainer import in_rollout_dtype, trained_state
-from .weight_sync import WeightGroup, layout_of
+from ..learner.trainer import in_rollout_dtype, trained_state
 
 MODES = {  # mode: (LoRA, dtype the workers hold)
     "full": (False, torch.float32),

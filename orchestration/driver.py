@@ -22,13 +22,9 @@ from tqdm.auto import tqdm
 
 from ..common.config import G2RPOConfig
 from ..common.prompts import prompts_for, read_prompts
+from ..learner.trainer import sharded_learner
 from ..planning.check import refuse_misfit
-from .budget import Budget
-from .cluster import RunActors, call_with_restart, get_or_redo, record_actors, start_actors
-from .lifecycle import attach_telemetry, finish, open_run, resume_point
-from .publishing import Published, check_loaded, publisher_for
-from .records import eval_row, progress_fields, summarise_batches
-from .run_files import (
+from ..run_directory.files import (
     append_metrics,
     checkpoint_path,
     draw_curves,
@@ -38,7 +34,11 @@ from .run_files import (
     save_evaluation,
     write_sample_grid,
 )
-from .trainer import sharded_learner
+from .budget import Budget
+from .cluster import RunActors, call_with_restart, get_or_redo, record_actors, start_actors
+from .lifecycle import attach_telemetry, finish, open_run, resume_point
+from .publishing import Published, check_loaded, publisher_for
+from .records import eval_row, progress_fields, summarise_batches
 
 __all__ = ["read_metrics", "train"]
 

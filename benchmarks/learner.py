@@ -22,9 +22,9 @@ from ..common.flux import (
 )
 from ..common.lora import add_lora
 from ..common.schedules import sampling_grid
+from ..learner.grpo import StepSpec, grpo_update
 from ..rollout_worker.engine import RolloutEngine, draw_noise
 from ..rollout_worker.plan import g2rpo_plan
-from .grpo import StepSpec, grpo_update
 
 
 def _sync(dev: torch.device) -> None:

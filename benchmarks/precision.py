@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ..learner.ratio_check import ratio_before_update
+
 SETTINGS = {
     "float32": [],
     "bf16_autocast": ["model.dtype=bfloat16"],
@@ -33,8 +35,8 @@ SETTINGS = {
 
 def _ratio_of(cfg, prompts: list[str]) -> tuple[torch.Tensor, int]:
     from ..common.weights import state_nbytes
+    from ..learner.trainer import learner_outside_ray
     from ..rollout_worker.worker import RolloutWorkerCore
-    from .trainer import learner_outside_ray
 
     with learner_outside_ray(cfg) as learner:  # the learner's real path: a one-rank group
         worker = RolloutWorkerCore(cfg, 0)
@@ -42,26 +44,6 @@ def _ratio_of(cfg, prompts: list[str]) -> tuple[torch.Tensor, int]:
         worker.load_weights(version, state, checksum)
         _, cond, result, _ = worker.sample(0, prompts)
         return ratio_before_update(learner, result.transitions, cond), state_nbytes(state)
-
-
-def ratio_before_update(learner, transitions, cond) -> torch.Tensor:
-    """exp(log π_learner − log π_rollout) of every recorded SDE step, before any
-    update (float64, CPU): 1 up to what the two sides compute differently. As in
-    training, the conditioning moves to the learner's device and the states follow
-    in chunks of ``train.learner_max_batch`` distinct states."""
-    from .distributed import SINGLE
-    from .grpo import recompute_log_probs
-
-    device = torch.device(learner.cfg.model.device)
-    tr = transitions.to("cpu")
-    cond = {k: v.to(device) for k, v in cond.items()}
-    rows = torch.arange(len(tr))
-    ratios = torch.empty(len(tr), dtype=torch.float64)
-    with torch.no_grad():
-        for chunk in SINGLE.chunks(rows, tr.state_index, learner.cfg.train.learner_max_batch):
-            lp, _, _ = recompute_log_probs(learner.velocity, tr, chunk, cond, learner.spec)
-            ratios[chunk] = torch.exp(lp.double().cpu() - tr.old_log_probs[chunk].double())
-    return ratios
 
 
 def bench_precision(

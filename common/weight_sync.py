@@ -22,9 +22,21 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .distributed import backend_for, use_device
+from .config import G2RPOConfig
 
 BUCKET_BYTES = 256 * 2**20
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def use_device(device: str) -> None:
+    """Make ``device`` this process's current CUDA device (``cuda`` means the first
+    one it sees: Ray gives each GPU actor its own)."""
+    d = torch.device(device)
+    if d.type == "cuda":
+        torch.cuda.set_device(d.index or 0)
 
 
 @dataclass(frozen=True)
@@ -137,3 +149,25 @@ class WeightGroup:
     def close(self) -> None:
         with contextlib.suppress(RuntimeError):  # a broken group: dropping it is all
             self.pg.abort()
+
+
+class WeightGroupMember:
+    """Membership of the weight-broadcast group (``train.weight_transport:
+    collective``): learner rank 0 and every rollout worker. A restarted actor holds
+    none, which is how the driver knows to form the group again."""
+
+    cfg: G2RPOConfig
+    _weights = None
+
+    def weight_group(self) -> str | None:
+        return None if self._weights is None else self._weights.name
+
+    def join_weight_group(self, name: str, address: str, rank: int, world: int) -> None:
+        self.leave_weight_group()
+        t, device = self.cfg.train, self.cfg.model.device
+        self._weights = WeightGroup(name, address, rank, world, device, t.collective_timeout_s)
+
+    def leave_weight_group(self) -> None:
+        if self._weights is not None:
+            self._weights.close()
+            self._weights = None

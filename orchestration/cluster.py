@@ -13,10 +13,11 @@ from pathlib import Path
 import ray
 
 from ..common.config import G2RPOConfig
-from .actors import RolloutWorker
-from .group import LearnerGroup
-from .placement import actor_options, local_cluster_resources, wait_placed
-from .reward_replicas import RewardSource
+from ..common.placement import actor_options
+from ..learner.group import LearnerGroup
+from ..reward_server.replicas import RewardSource
+from ..rollout_worker.actor import RolloutWorker
+from .placement import local_cluster_resources, wait_placed
 
 
 @dataclass

@@ -146,7 +146,7 @@ def read_status(run: str | None, redis_url: str | None) -> dict:
     if not metrics.is_file():
         raise ValueError(f"{run_dir}: no metrics.jsonl (not a run directory, or not started)")
     rows = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()]
-    from .run_files import list_checkpoints
+    from ..run_directory.files import list_checkpoints
 
     ckpts = [p.name for p in list_checkpoints(run_dir)]
     actors = run_dir / "actors.json"

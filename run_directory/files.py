@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..common.config import G2RPOConfig
-from .checkpoints import PARTIAL, SHARDED_SUFFIX, complete
+from ..learner.checkpoints import PARTIAL, SHARDED_SUFFIX, complete
 
 CKPT = "checkpoints"
 FINISHED = "finished.json"
@@ -151,7 +151,7 @@ def write_sample_grid(
     path: Path, images: np.ndarray, prompts: list[str], per_prompt: int, title: str
 ) -> None:
     """Eval samples as a labelled grid: up to 8 prompts × their first 4 samples."""
-    from ..evaluation.grids import labelled_grid, spread_rows
+    from .grids import labelled_grid, spread_rows
 
     distinct = prompts[::per_prompt]
     rows = spread_rows(len(distinct), 8)

@@ -1,0 +1,23 @@
+"""Where a Ray actor runs: the options that ask Ray for its resources, and (called
+inside the actor) the node, process and resources Ray gave it."""
+
+from __future__ import annotations
+
+import os
+
+import ray
+
+
+def where_am_i() -> dict:
+    """Called inside an actor: its node, process and the resources Ray gave it."""
+    ctx = ray.get_runtime_context()
+    return {
+        "node_id": ctx.get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "pid": os.getpid(),
+        "resources": {k: v for k, v in ctx.get_assigned_resources().items() if v},
+    }
+
+
+def actor_options(num_cpus: float, num_gpus: float, resources: dict[str, float]) -> dict:
+    return {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": dict(resources)}

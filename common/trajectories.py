@@ -1,0 +1,58 @@
+"""What a rollout worker hands the learner: the trained SDE steps (``Transitions``)
+and one worker's rollout of its prompts (``Trajectories``). The contract between the
+rollout workers and the learner; both import it from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from .rollout_plan import RolloutPlan
+
+
+@dataclass
+class Transitions:
+    """The trained SDE steps of a rollout, as the learner needs them.
+
+    States are deduplicated: in G²RPO the G members of a group share their anchor
+    state x_k, so the learner runs one forward per (prompt, k).
+    """
+
+    states: torch.Tensor  # [S, ...] distinct x_t
+    state_step: torch.Tensor  # [S] grid index t of each state
+    state_prompt: torch.Tensor  # [S] prompt (conditioning row) of each state
+    next_samples: torch.Tensor  # [M, ...] x_{t'} drawn by the SDE step (fp32)
+    next_step: torch.Tensor  # [M] grid index t' reached
+    old_log_probs: torch.Tensor  # [M]
+    state_index: torch.Tensor  # [M] row of ``states`` each transition starts from
+    adv_slot: torch.Tensor  # [M] flat index into the plan's advantage tensor
+
+    def __len__(self) -> int:
+        return int(self.old_log_probs.shape[0])
+
+    def to(self, device) -> Transitions:
+        """The sample tensors on ``device``; the index tensors stay on the CPU, where
+        the bookkeeping that reads them runs (a CUDA tensor takes CPU indices)."""
+        return replace(
+            self,
+            states=self.states.to(device),
+            next_samples=self.next_samples.to(device),
+            old_log_probs=self.old_log_probs.to(device),
+        )
+
+
+@dataclass
+class Trajectories:
+    worker: int
+    iteration: int
+    version: int
+    prompts: list[str]
+    plan: RolloutPlan
+    transitions: Transitions
+    cond: dict[str, torch.Tensor]
+    leaf_rewards: dict[str, torch.Tensor]
+    nfe: int  # every sample evaluation of the rollout
+    model_calls: int
+    nfe_algorithm: int = 0  # of which the algorithm needs (not a baseline's logging anchors)
+    timings: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,64 @@
+"""The rollout worker Ray actor: a thin shell around ``RolloutWorkerCore``."""
+
+from __future__ import annotations
+
+import ray
+
+from ..common.config import G2RPOConfig
+from ..common.weight_sync import WeightGroupMember
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class RolloutWorker(WeightGroupMember):
+    """Holds a pipeline; loads published weights; rolls out its share of prompts."""
+
+    def __init__(self, cfg: dict, worker: int) -> None:
+        # the pipeline loads on first use, so placement() answers as soon as Ray has
+        # placed the actor, and a restarted actor reloads it by itself
+        self.cfg, self.worker, self._core = G2RPOConfig.model_validate(cfg), worker, None
+
+    @property
+    def core(self):
+        if self._core is None:
+            from .worker import RolloutWorkerCore
+
+            self._core = RolloutWorkerCore(self.cfg, self.worker)
+        return self._core
+
+    def ready(self) -> bool:
+        return self.core is not None
+
+    def load_weights(self, version: int, state: dict, checksum: str) -> tuple[int, str]:
+        return self.core.load_weights(version, state, checksum)
+
+    # -- train.weight_transport: collective (rank worker+1 of the broadcast group)
+
+    def receive_weights(self, name: str, version: int, layout, checksum: str):
+        """Take a broadcast version (verified and loaded as from the object store)."""
+        if self.weight_group() != name:
+            raise RuntimeError(f"worker {self.worker} is not in weight group {name}")
+        # receive before touching the core: a restarted worker loads its pipeline
+        # after the broadcast, not while the group waits for it
+        state = self._weights.receive(layout)
+        return self.core.load_weights(version, state, checksum)
+
+    def loaded(self) -> tuple[int, str | None]:
+        return self.core.version, self.core.checksum
+
+    def rollout(
+        self, iteration: int, prompts: list[str], urls: list[str], redis_url, token, scorers
+    ):
+        return self.core.rollout(iteration, prompts, urls, redis_url, token, scorers)
+
+    def evaluate(self, prompts: list[str], seed: int, urls: list[str], redis_url, token, scorers):
+        return self.core.evaluate(prompts, seed, urls, redis_url, token, scorers)
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def placement(self) -> dict:
+        from ..common.placement import where_am_i
+
+        return where_am_i()
