@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import time
+
 import ray
 
 from ..common.config import G2RPOConfig
-from ..common.weight_sync import WeightGroupMember
+from ..common.messages import PublishedWeights
+from ..common.weight_sync import WeightGroupMember, layout_of
+from ..common.weights import state_nbytes
 
 
 @ray.remote(max_restarts=0)
@@ -49,17 +53,18 @@ class Learner(WeightGroupMember):
     def ready(self) -> bool:
         return self.core is not None
 
-    def publish(self):
-        """Rank 0: (version, [object ref], checksum, bytes); other ranks None (they
-        take part in gathering sharded weights)."""
+    def publish(self) -> PublishedWeights | None:
+        """Rank 0: the current version put once into the object store; other ranks
+        None (they take part in gathering sharded weights)."""
+        t0 = time.perf_counter()
         published = self.core.weights()
         if published is None:
             return None
         version, state, checksum = published
-        from ..common.weights import state_nbytes
-
         # one object per version, shared by all workers (a LoRA run: the adapters only)
-        return version, [ray.put(state)], checksum, state_nbytes(state)
+        ref = ray.put(state)
+        seconds = time.perf_counter() - t0
+        return PublishedWeights(version, checksum, state_nbytes(state), seconds, ref=ref)
 
     def placement(self) -> dict:
         from ..common.placement import where_am_i
@@ -67,19 +72,19 @@ class Learner(WeightGroupMember):
         return where_am_i()
 
     # -- train.weight_transport: collective (rank 0 of the broadcast group)
-    def stage_weights(self):
+    def stage_weights(self) -> PublishedWeights | None:
         """Every rank takes part (gathering); rank 0 keeps the version for the
-        broadcast (and an object-store fallback) and returns (version, layout,
-        checksum, bytes); other ranks None."""
-        from ..common.weight_sync import layout_of
-
+        broadcast (and an object-store fallback) and returns its layout; other ranks
+        None."""
+        t0 = time.perf_counter()
         published = self.core.weights()
         if published is None:
             return None
         version, state, checksum = published
         self._staged.add(version, state)
         layout = layout_of(state)
-        return version, layout, checksum, layout.nbytes
+        seconds = time.perf_counter() - t0
+        return PublishedWeights(version, checksum, layout.nbytes, seconds, layout=layout)
 
     def put_weights(self, version: int) -> list:
         return [self._staged.object_ref(version)]
@@ -87,8 +92,6 @@ class Learner(WeightGroupMember):
     def broadcast_weights(self, name: str, version: int) -> None:
         if self._weights is None or self._weights.name != name:
             raise RuntimeError(f"learner rank 0 is not in weight group {name}")
-        from ..common.weight_sync import layout_of
-
         state = self._staged.state(version)
         self._weights.send(state, layout_of(state))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ray
 
 from ..common.config import G2RPOConfig
+from ..common.messages import PublishedWeights
 from .actor import Learner
 from .trainer import uses_process_group
 
@@ -54,13 +55,12 @@ class LearnerGroup:
         refs = [getattr(r, method).remote(*args) for r in self.ranks]
         return self._gather(refs, method)[0]
 
-    def publish(self):
-        """(version, [object ref], checksum, bytes) of the current weights."""
+    def publish(self) -> PublishedWeights:
+        """The current weights, put into the object store by rank 0."""
         return self._call("publish")
 
-    def stage_weights(self):
-        """(version, layout, checksum, bytes) of the current weights, kept by rank 0
-        for a broadcast."""
+    def stage_weights(self) -> PublishedWeights:
+        """The current weights, kept by rank 0 for a broadcast (with their layout)."""
         return self._call("stage_weights")
 
     def update(self, batches: list) -> dict:

@@ -13,7 +13,6 @@ a redone rollout or a resumed run reproduces itself."""
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from ..run_directory.files import (
 from .budget import Budget
 from .cluster import RunActors, call_with_restart, get_or_redo, record_actors, start_actors
 from .lifecycle import attach_telemetry, finish, open_run, resume_point
+from .phase_clock import PhaseClock
 from .publishing import Published, check_loaded, publisher_for
 from .records import eval_row, progress_fields, summarise_batches
 
@@ -97,7 +97,7 @@ class TrainingLoop:
         actor = self.actors.evaluator or self.actors.workers[0]
         if self.actors.evaluator is not None:
             weights.load_on(actor)  # actor calls run in order: no wait needed
-        ref = actor.evaluate.remote(self.eval_prompts, t.eval_seed, *self.actors.rewards.args())
+        ref = actor.evaluate.remote(self.eval_prompts, t.eval_seed, self.actors.rewards.endpoints())
         return PendingEval(it, actor, weights, ref, self.budget.total)
 
     def eval_due(self, it: int) -> bool:
@@ -113,21 +113,19 @@ class TrainingLoop:
             return {}
         from ..evaluation.metrics import pass_from_scores
 
-        t0 = time.perf_counter()
         try:
-            images, scores, work_s = ray.get(pending.ref)
+            samples = ray.get(pending.ref)
         except ray.exceptions.RayActorError:  # restarted by Ray: load the weights, redo
 
             def redo(actor):
                 ray.get(pending.weights.load_on(actor))
                 return actor.evaluate.remote(
-                    self.eval_prompts, self.cfg.train.eval_seed, *self.actors.rewards.args()
+                    self.eval_prompts, self.cfg.train.eval_seed, self.actors.rewards.endpoints()
                 )
 
-            images, scores, work_s = call_with_restart(redo, pending.actor)
-        waited = time.perf_counter() - t0
+            samples = call_with_restart(redo, pending.actor)
         per_prompt = self.cfg.train.eval_per_prompt
-        values = pass_from_scores(scores)
+        values = pass_from_scores(samples.scores)
         record = {
             "iteration": pending.iteration,
             "version": pending.weights.version,
@@ -143,17 +141,13 @@ class TrainingLoop:
             self.first_eval = record
         write_sample_grid(
             self.run_dir / "samples" / f"it_{pending.iteration:05d}.png",
-            images,
+            samples.images,
             self.eval_prompts,
             per_prompt,
             title=f"iteration {pending.iteration} (weights v{pending.weights.version}), "
             "held-out prompts",
         )
-        return {
-            **row,
-            "time/eval_s": waited,
-            "time/eval_work_s": work_s,
-        }
+        return {**row, "time/eval_work_s": samples.seconds}
 
     def launch_rollout(self, it: int, weights: Published) -> PendingRollout:
         """Each worker starts rolling out its share of the iteration's prompts (and
@@ -161,8 +155,8 @@ class TrainingLoop:
         P, workers = self.cfg.sampling.prompts_per_worker, self.actors.workers
         prompts = prompts_for(self.train_prompts, self.cfg.run.seed, it, P * len(workers))
         shares = [prompts[i * P : (i + 1) * P] for i in range(len(workers))]
-        args = self.actors.rewards.args()
-        refs = [w.rollout.remote(it, sh, *args) for w, sh in zip(workers, shares, strict=True)]
+        rewards = self.actors.rewards.endpoints()
+        refs = [w.rollout.remote(it, sh, rewards) for w, sh in zip(workers, shares, strict=True)]
         return PendingRollout(it, weights, shares, refs)
 
     def collect_rollout(self, pending: PendingRollout) -> list:
@@ -178,8 +172,8 @@ class TrainingLoop:
             def redo(actor, share=pending.shares[i], redone=redone):
                 redone.append(True)
                 ray.get(pending.weights.load_on(actor))
-                args = self.actors.rewards.args()
-                return actor.rollout.remote(pending.iteration, share, *args)
+                rewards = self.actors.rewards.endpoints()
+                return actor.rollout.remote(pending.iteration, share, rewards)
 
             try:
                 results.append(get_or_redo(ref, redo, worker, timeout))
@@ -220,30 +214,23 @@ class TrainingLoop:
     def iteration(self, it: int, last: bool) -> dict:
         if self.cfg.train.staleness >= 1:
             return self.overlapped_iteration(it, last)
-        t0 = time.perf_counter()
-        weights = self.publish()
-        t1 = time.perf_counter()
-        record_actors(self.run_dir, self.actors)  # outside the timed phases
-        t1b = time.perf_counter()
-        pending = self.evaluate(it, weights, last)
-        if self.actors.evaluator is None:
-            evaluation = self.collect_evaluation(pending)
-        t2 = time.perf_counter()
-        batches = self.roll_out(it, weights)
-        t3 = time.perf_counter()
-        stats = self.learn(batches)
-        t4 = time.perf_counter()
+        clock = PhaseClock()
+        with clock.phase("publish"):
+            weights = self.publish()
+        with clock.aside():  # bookkeeping, not a phase of the algorithm
+            record_actors(self.run_dir, self.actors)
+        with clock.phase("eval"):  # without an evaluator it runs here, on worker 0
+            pending = self.evaluate(it, weights, last)
+            if self.actors.evaluator is None:
+                evaluation = self.collect_evaluation(pending)
+        with clock.phase("rollout_and_reward"):
+            batches = self.roll_out(it, weights)
+        with clock.phase("learn"):
+            stats = self.learn(batches)
         if self.actors.evaluator is not None:
-            evaluation = self.collect_evaluation(pending)
-        t5 = time.perf_counter()
-        row = self.summary(it, weights, batches, stats, evaluation)
-        row["time/weight_push_s"] = t1 - t0
-        if self.actors.evaluator is None:
-            row["time/eval_s"] = t2 - t1b
-        row["time/rollout_and_reward_s"] = t3 - t2
-        row["time/learn_s"] = t4 - t3
-        row["time/iteration_s"] = (t5 - t0) - (t1b - t1)
-        return row
+            with clock.phase("eval"):  # the wait for the evaluator, off the critical path
+                evaluation = self.collect_evaluation(pending)
+        return self.summary(it, weights, batches, stats, evaluation, clock)
 
     def overlapped_iteration(self, it: int, last: bool) -> dict:
         """``train.staleness >= 1``: iteration it+1's rollout runs on the weights the
@@ -251,33 +238,33 @@ class TrainingLoop:
         weights are published behind that rollout. Every batch is learned one version
         late (``weight_lag`` 1), which the PPO ratio against the recorded log-probs
         corrects. The first iteration of a session starts from the published weights."""
-        t0 = time.perf_counter()
+        clock = PhaseClock()
         if self.next_rollout is None:
-            self.published = self.publish()
+            with clock.phase("publish"):
+                self.published = self.publish()
             self.next_rollout = self.launch_rollout(it, self.published)
-        record_actors(self.run_dir, self.actors)
+        with clock.aside():
+            record_actors(self.run_dir, self.actors)
         sampled = self.next_rollout
         pending = self.evaluate(it, self.published, last)  # the newest weights, as in order
-        t1 = time.perf_counter()
-        batches = self.collect_rollout(sampled)
-        t2 = time.perf_counter()
+        with clock.phase("rollout_and_reward"):
+            batches = self.collect_rollout(sampled)
         # the workers hold the newest weights: the next rollout starts on them now
         self.next_rollout = None if last else self.launch_rollout(it + 1, self.published)
-        stats = self.learn(batches)
-        t3 = time.perf_counter()
-        evaluation = self.collect_evaluation(pending)
-        t4 = time.perf_counter()
+        with clock.phase("learn"):
+            stats = self.learn(batches)
+        with clock.phase("eval"):
+            evaluation = self.collect_evaluation(pending)
         if self.next_rollout is not None:
-            self.published = self.publish()  # each worker loads it after that rollout
-        t5 = time.perf_counter()
-        row = self.summary(it, sampled.weights, batches, stats, evaluation)
-        row["time/weight_push_s"] = t5 - t4  # includes waiting for the next rollout
-        row["time/rollout_and_reward_s"] = t2 - t1
-        row["time/learn_s"] = t3 - t2
-        row["time/iteration_s"] = t5 - t0
-        return row
+            with clock.phase("publish"):  # each worker loads it after that rollout
+                self.published = self.publish()
+        return self.summary(it, sampled.weights, batches, stats, evaluation, clock)
 
-    def summary(self, it, weights: Published, batches, stats, evaluation) -> dict:
+    def summary(self, it, weights: Published, batches, stats, evaluation, clock) -> dict:
+        """The iteration's metrics row. ``time/<phase>_s`` is the driver's wall time
+        in each phase (``publish`` with overlapped iterations includes waiting for the
+        rollout in flight); ``time/weight_push_s`` is the push's own work in either
+        mode (rank 0 producing the version + the slowest worker loading it)."""
         row = {"iteration": it, "version": weights.version, "weights_bytes": weights.nbytes}
         row["weights_via"] = weights.via
         row.update(self.publisher.counters())
@@ -285,7 +272,9 @@ class TrainingLoop:
         self.budget.add(row["nfe_train"])
         row["nfe_train_total"] = self.budget.total
         row.update(evaluation)
+        row.update(clock.row())
         row.setdefault("time/eval_s", 0.0)
+        row["time/weight_push_s"] = weights.push_s
         row["time/rollout_s"] = max(b.timings["rollout_s"] for b in batches)
         row["time/reward_s"] = max(b.timings["reward_s"] for b in batches)
         return row

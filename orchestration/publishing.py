@@ -19,18 +19,23 @@ import uuid
 
 import ray
 
+from ..common.messages import PublishedWeights, WeightsLoaded
 from .cluster import RunActors, get_or_redo
 
 
 class Published:
-    """A version the learner published: what an actor needs to load it. The object
-    ref of a broadcast version is made only when an actor outside the broadcast
-    (the evaluator, a restarted worker) needs it."""
+    """A version the learner published, as the driver holds it: what an actor needs
+    to load it, and what pushing it cost. The object ref of a broadcast version is
+    made only when an actor outside the broadcast (the evaluator, a restarted worker)
+    needs it."""
 
-    def __init__(self, version: int, checksum: str, nbytes: int, ref=None, learner=None):
-        self.version, self.checksum, self.nbytes = version, checksum, nbytes
-        self._ref, self._learner = ref, learner
-        self.via = "object_store" if ref is not None else "collective"  # how workers got it
+    def __init__(self, weights: PublishedWeights, learner=None) -> None:
+        self.version, self.checksum, self.nbytes = weights.version, weights.checksum, weights.nbytes
+        self._ref, self._learner = weights.ref, learner
+        self.via = "object_store" if weights.ref is not None else "collective"  # how workers got it
+        # seconds of work: rank 0 producing the version, then the slowest worker's
+        # fetch/receive, verification and load (not a wait for a rollout in progress)
+        self.push_s = weights.seconds
 
     def object_ref(self):
         if self._ref is None:
@@ -40,20 +45,29 @@ class Published:
     def load_on(self, actor):
         return actor.load_weights.remote(self.version, self.object_ref(), self.checksum)
 
+    def loaded_by_all(self, answers: list[WeightsLoaded]) -> None:
+        """Each worker's answer checked; the slowest load added to ``push_s``."""
+        for worker, answer in enumerate(answers):
+            check_loaded(worker, answer, self)
+        self.push_s += max((a.seconds for a in answers), default=0.0)
+
 
 def load_everywhere(weights: Published, workers: list, timeout: float | None) -> None:
     """Every worker loads ``weights`` from the object store and says which version
     and checksum it holds; a stuck one is killed, and a dead one is restarted by Ray
     and loads it then."""
     pending = [weights.load_on(w) for w in workers]
-    for i, ref in enumerate(pending):
-        check_loaded(i, get_or_redo(ref, weights.load_on, workers[i], timeout), weights)
+    answers = [
+        get_or_redo(ref, weights.load_on, workers[i], timeout) for i, ref in enumerate(pending)
+    ]
+    weights.loaded_by_all(answers)
 
 
-def check_loaded(worker: int, got, weights: Published) -> None:
-    if tuple(got) != (weights.version, weights.checksum):
+def check_loaded(worker: int, got: WeightsLoaded, weights: Published) -> None:
+    if not got.holds(weights.version, weights.checksum):
         raise RuntimeError(
-            f"worker {worker} loaded {tuple(got)}, expected {(weights.version, weights.checksum)}"
+            f"worker {worker} loaded v{got.version} ({got.checksum}), "
+            f"expected v{weights.version} ({weights.checksum})"
         )
 
 
@@ -62,8 +76,7 @@ class ObjectStorePublisher:
         self.actors, self.timeout = actors, timeout
 
     def publish(self) -> Published:
-        version, (ref,), checksum, nbytes = self.actors.learner.publish()
-        weights = Published(version, checksum, nbytes, ref=ref)
+        weights = Published(self.actors.learner.publish())
         load_everywhere(weights, self.actors.workers, self.timeout)
         return weights
 
@@ -87,8 +100,8 @@ class CollectivePublisher:
 
     def publish(self) -> Published:
         learner = self.actors.learner
-        version, layout, checksum, nbytes = learner.stage_weights()
-        weights = Published(version, checksum, nbytes, learner=learner)
+        staged = learner.stage_weights()
+        weights, layout, version = Published(staged, learner=learner), staged.layout, staged.version
         try:
             members = self._members()  # also waits until every worker is idle
             if self.name is None or members != [self.name] * len(members):
@@ -145,9 +158,11 @@ class CollectivePublisher:
             for w in workers
         ]
         got = ray.get([*loads, send], timeout=self.timeout)
-        for i, answer in enumerate(got[:-1]):
-            if tuple(answer) != (weights.version, weights.checksum):
-                raise BroadcastFailed(f"worker {i} holds {tuple(answer)} after the broadcast")
+        answers = got[:-1]
+        for i, answer in enumerate(answers):
+            if not answer.holds(weights.version, weights.checksum):
+                raise BroadcastFailed(f"worker {i} holds v{answer.version} after the broadcast")
+        weights.loaded_by_all(answers)
 
 
 def publisher_for(actors: RunActors, cfg):

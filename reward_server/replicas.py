@@ -12,6 +12,7 @@ import threading
 import ray
 
 from ..common.config import G2RPOConfig
+from ..common.messages import RewardEndpoints
 
 TOKEN_VAR = "G2RPO_REWARD_TOKEN"
 
@@ -178,9 +179,9 @@ class RewardSource:
                 urls.append(self.replica_urls[i] if i < len(self.replica_urls) else None)
         self.replica_urls = urls
 
-    def args(self):
+    def endpoints(self) -> RewardEndpoints:
         urls = self.static_urls + [u for u in self.replica_urls if u]
-        return urls, self.redis_url, self.token, self.scorers
+        return RewardEndpoints(urls, self.redis_url, self.token, self.scorers)
 
     def close(self) -> None:
         """Stop every replica's server (one wait for all), then end the actors."""

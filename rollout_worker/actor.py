@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 import ray
 
 from ..common.config import G2RPOConfig
+from ..common.messages import EvalSamples, RewardEndpoints, WeightsLoaded
 from ..common.weight_sync import WeightGroupMember
 
 
@@ -28,30 +32,31 @@ class RolloutWorker(WeightGroupMember):
     def ready(self) -> bool:
         return self.core is not None
 
-    def load_weights(self, version: int, state: dict, checksum: str) -> tuple[int, str]:
+    def load_weights(self, version: int, state: dict, checksum: str) -> WeightsLoaded:
         return self.core.load_weights(version, state, checksum)
 
     # -- train.weight_transport: collective (rank worker+1 of the broadcast group)
 
-    def receive_weights(self, name: str, version: int, layout, checksum: str):
+    def receive_weights(self, name: str, version: int, layout, checksum: str) -> WeightsLoaded:
         """Take a broadcast version (verified and loaded as from the object store)."""
         if self.weight_group() != name:
             raise RuntimeError(f"worker {self.worker} is not in weight group {name}")
         # receive before touching the core: a restarted worker loads its pipeline
         # after the broadcast, not while the group waits for it
+        t0 = time.perf_counter()
         state = self._weights.receive(layout)
-        return self.core.load_weights(version, state, checksum)
+        received_s = time.perf_counter() - t0
+        loaded = self.core.load_weights(version, state, checksum)
+        return replace(loaded, seconds=received_s + loaded.seconds)
 
     def loaded(self) -> tuple[int, str | None]:
         return self.core.version, self.core.checksum
 
-    def rollout(
-        self, iteration: int, prompts: list[str], urls: list[str], redis_url, token, scorers
-    ):
-        return self.core.rollout(iteration, prompts, urls, redis_url, token, scorers)
+    def rollout(self, iteration: int, prompts: list[str], rewards: RewardEndpoints):
+        return self.core.rollout(iteration, prompts, rewards)
 
-    def evaluate(self, prompts: list[str], seed: int, urls: list[str], redis_url, token, scorers):
-        return self.core.evaluate(prompts, seed, urls, redis_url, token, scorers)
+    def evaluate(self, prompts: list[str], seed: int, rewards: RewardEndpoints) -> EvalSamples:
+        return self.core.evaluate(prompts, seed, rewards)
 
     def pid(self) -> int:
         import os

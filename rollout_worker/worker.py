@@ -11,6 +11,7 @@ import torch
 from ..common.config import G2RPOConfig
 from ..common.flux_pipeline import FluxComponents
 from ..common.lora import attach_lora
+from ..common.messages import EvalSamples, RewardEndpoints, WeightsLoaded
 from ..common.paths import resolve_path
 from ..common.rollout_plan import RolloutPlan, algorithm_nfe
 from ..common.schedules import sampling_grid
@@ -99,26 +100,30 @@ class RolloutWorkerCore:
         self.client: RewardClient | None = None
         self.client_urls: tuple = ()
 
-    def load_weights(self, version: int, state: dict, checksum: str) -> tuple[int, str]:
+    def load_weights(self, version: int, state: dict, checksum: str) -> WeightsLoaded:
+        t0 = time.perf_counter()
         load_published(
             self.comps.transformer, version, state, checksum, self.cfg.model.lora is not None
         )
         self.version, self.checksum = version, checksum
-        return version, checksum
+        return WeightsLoaded(version, checksum, time.perf_counter() - t0)
 
-    def _reward_client(self, urls: list[str], redis_url: str | None, token: str | None):
-        key = (tuple(urls), redis_url)
+    def _reward_client(self, rewards: RewardEndpoints) -> RewardClient:
+        key = (tuple(rewards.urls), rewards.redis_url)
         if self.client is None or key != self.client_urls:
             if self.client is not None:
                 self.client.close()
             self.client = RewardClient(
-                urls or None,
-                redis_url=redis_url,
-                token=token,
+                rewards.urls or None,
+                redis_url=rewards.redis_url,
+                token=rewards.token,
                 deadline_s=self.cfg.train.reward.deadline_s,
             )
             self.client_urls = key
         return self.client
+
+    def _scorer_names(self, rewards: RewardEndpoints) -> list[str]:
+        return rewards.scorers or [r.name for r in self.cfg.rewards]
 
     def _sample(self, plan: RolloutPlan, prompts: list[str], gen: torch.Generator, timings=None):
         return sample_on_pipeline(
@@ -148,23 +153,16 @@ class RolloutWorkerCore:
         cond, result, images = self._sample(plan, prompts, gen, timings)
         return plan, cond, result, images
 
-    def rollout(
-        self,
-        iteration: int,
-        prompts: list[str],
-        reward_urls: list[str],
-        redis_url: str | None = None,
-        token: str | None = None,
-        scorers: list[str] | None = None,
-    ) -> Trajectories:
+    def rollout(self, iteration: int, prompts: list[str], rewards: RewardEndpoints) -> Trajectories:
         t0 = time.perf_counter()
         plan, cond, result, images = self.sample(iteration, prompts)
         t1 = time.perf_counter()
-        names = scorers or [r.name for r in self.cfg.rewards]
-        client = self._reward_client(reward_urls, redis_url, token)
         leaf_prompts = [prompts[leaf.prompt] for leaf in plan.leaves]
-        response = client.score(
-            images.numpy(), leaf_prompts, names, request_id=f"it{iteration}-w{self.worker}"
+        response = self._reward_client(rewards).score(
+            images.numpy(),
+            leaf_prompts,
+            self._scorer_names(rewards),
+            request_id=f"it{iteration}-w{self.worker}",
         )
         t2 = time.perf_counter()
         return self.trajectories(
@@ -197,23 +195,12 @@ class RolloutWorkerCore:
             timings=dict(timings or {}),
         )
 
-    def evaluate(
-        self,
-        prompts: list[str],
-        seed: int,
-        reward_urls: list[str],
-        redis_url: str | None = None,
-        token: str | None = None,
-        scorers: list[str] | None = None,
-    ) -> tuple[np.ndarray, dict[str, list[float]], float]:
-        """Deterministic anchor samples of fixed prompts with fixed noise, scored:
-        (uint8 images, scores per scorer, seconds it took)."""
+    def evaluate(self, prompts: list[str], seed: int, rewards: RewardEndpoints) -> EvalSamples:
+        """Deterministic anchor samples of fixed prompts with fixed noise, scored."""
         t0 = time.perf_counter()
         images = self.eval_images(prompts, seed)
-        client = self._reward_client(reward_urls, redis_url, token)
-        names = scorers or [r.name for r in self.cfg.rewards]
-        response = client.score(images, prompts, names)
-        return images, response.scores, time.perf_counter() - t0
+        response = self._reward_client(rewards).score(images, prompts, self._scorer_names(rewards))
+        return EvalSamples(images, response.scores, time.perf_counter() - t0)
 
     def eval_images(self, prompts: list[str], seed: int) -> np.ndarray:
         """The policy's deterministic sample of each prompt from noise drawn from

@@ -55,8 +55,7 @@ def _group(cfg) -> LearnerGroup:
 
 
 def _published(group) -> dict[str, torch.Tensor]:
-    _, (ref,), _, _ = group.publish()
-    return ray.get(ref)
+    return ray.get(group.publish().ref)
 
 
 def _max_diff(a: dict, b: dict) -> float:

@@ -146,7 +146,7 @@ def test_stale_trajectories_and_bad_weights_are_refused(quick_world):
     next(iter(bad.values())).add_(1.0)
     with pytest.raises(WeightMismatch, match="checksum"):
         worker.load_weights(version, bad, checksum)
-    assert worker.load_weights(version, state, checksum) == (version, checksum)
+    assert worker.load_weights(version, state, checksum).holds(version, checksum)
     learner.version = 3  # the learner moved on; the worker is still on v0
     from g2rpo.common.trajectories import Trajectories
 

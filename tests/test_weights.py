@@ -10,6 +10,7 @@ import xxhash
 from g2rpo.common.config import LoraOptions
 from g2rpo.common.flux import build_tiny_flux
 from g2rpo.common.lora import adapter_state, add_lora
+from g2rpo.common.messages import PublishedWeights, WeightsLoaded
 from g2rpo.common.weights import WeightMismatch, load_published, weights_checksum
 from g2rpo.learner.trainer import in_rollout_dtype, trained_state
 from g2rpo.orchestration.publishing import Published, check_loaded
@@ -101,10 +102,10 @@ def test_a_wrong_versions_weights_or_label_is_refused():
     v2 = {"w": v1["w"] - 1e-3 * torch.randn(64, 64, generator=g)}  # one optimizer step on
     with pytest.raises(WeightMismatch, match="v2"):
         load_published(torch.nn.Linear(64, 64, bias=False), 2, v1, weights_checksum(v2), False)
-    published = Published(2, weights_checksum(v2), 64 * 64 * 4)
-    check_loaded(0, (2, weights_checksum(v2)), published)
-    with pytest.raises(RuntimeError, match="loaded"):
-        check_loaded(0, (1, weights_checksum(v2)), published)  # right weights, old label
+    published = Published(PublishedWeights(2, weights_checksum(v2), 64 * 64 * 4, 0.0, ref="v2"))
+    check_loaded(0, WeightsLoaded(2, weights_checksum(v2)), published)
+    with pytest.raises(RuntimeError, match="loaded v1"):  # right weights, old label
+        check_loaded(0, WeightsLoaded(1, weights_checksum(v2)), published)
 
 
 def test_trained_state_is_one_independent_copy_in_the_asked_dtype():

@@ -1,0 +1,61 @@
+"""The small named types that cross actor boundaries (driver ⇄ rollout workers,
+learner ⇄ driver): what would otherwise travel as positional tuples. They are plain
+frozen dataclasses because they carry object refs, layouts and image arrays, which
+Ray pickles as they are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RewardEndpoints:
+    """Where a worker sends its images: static replica URLs (and the job's replicas),
+    a Redis to discover more in, the bearer token, and the scorers to ask for."""
+
+    urls: list[str]
+    redis_url: str | None = None
+    token: str | None = field(default=None, repr=False)  # never in a log line
+    scorers: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WeightsLoaded:
+    """A worker's answer after loading a published version: what it now holds
+    (compared with what was published) and the seconds its fetch, verification and
+    load took (not the time it waited for a rollout in progress)."""
+
+    version: int
+    checksum: str
+    seconds: float = 0.0
+
+    def holds(self, version: int, checksum: str) -> bool:
+        return (self.version, self.checksum) == (version, checksum)
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    """Learner rank 0's new version: its label and checksum, its size on the wire,
+    the seconds rank 0 spent producing it (gather, cast, hash, put), and how a worker
+    gets it — an object-store ref (``object_store``) or the bucket layout of the
+    broadcast (``collective``)."""
+
+    version: int
+    checksum: str
+    nbytes: int
+    seconds: float
+    ref: Any = None  # ray.ObjectRef of the state dict
+    layout: Any = None  # common.weight_sync.Layout
+
+
+@dataclass(frozen=True)
+class EvalSamples:
+    """An evaluator's held-out samples of one version: uint8 images [N, H, W, 3],
+    scores per scorer (one per image), and the seconds sampling and scoring took."""
+
+    images: np.ndarray
+    scores: dict[str, list[float]]
+    seconds: float
