@@ -1,20 +1,33 @@
-"""The FastAPI reward service: thin handlers around scorers, batchers and the cache."""
+"""The FastAPI reward service: thin handlers around scorers, batchers and the cache.
+
+Every refused request is answered in one shape, ErrorResponse ``{"detail", "field"}``,
+whoever refuses it: the handlers and their dependencies raise ``ApiError`` (or a
+scorer's ``BadInput``/``TooLarge``), FastAPI's own validation raises
+RequestValidationError, and the exception handlers below turn each into that shape.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
+import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Annotated
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Annotated, Any
 
 import numpy as np
-from fastapi import FastAPI, File, Form, UploadFile
+from fastapi import APIRouter, Depends, FastAPI, File, Form, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 
 from .batcher import DynamicBatcher
 from .cache import MemoryCache, RedisCache, cache_keys
@@ -36,101 +49,425 @@ from .wire import TooLarge, decode_pngs, decode_safetensors
 
 log = logging.getLogger("g2rpo.reward_server")
 
+SCORE_PATH = "/v1/score"
 
-class _Guard:
-    """Pure ASGI middleware in front of the app (cheaper than BaseHTTPMiddleware):
-    bearer token on /v1/*, 413 once a body exceeds the limit (declared or read),
-    and the request counter/latency of /v1/score."""
 
-    def __init__(self, app, settings: ServerSettings, metrics: ServerMetrics, state: dict):
-        self.app, self.limit, self.metrics, self.state = (
-            app,
-            settings.max_payload_bytes,
-            metrics,
-            state,
+# --- errors -----------------------------------------------------------------------------
+
+
+class ApiError(HTTPException):
+    """A request refused with ``status_code``; ``field`` names the part at fault."""
+
+    def __init__(
+        self,
+        status_code: int,
+        detail: str,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(status_code, detail, headers)
+        self.field = field
+
+
+def error_response(
+    status: int, detail: str, field: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = ErrorResponse(detail=detail, field=field).model_dump()
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _body_too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body exceeds {limit} bytes", "body")
+
+
+def _field_of(message: str) -> str | None:
+    """``images[3]: ...`` names the field ``images``; a message without one names none."""
+    head = message.split(":", 1)[0]
+    return head.split("[", 1)[0] if head and " " not in head else None
+
+
+_SOURCES = {"body", "query", "header", "path", "cookie"}
+
+
+def _describe(errors: Sequence[Any], prefix: str | None = None) -> tuple[str, str]:
+    """Pydantic/FastAPI error entries as (detail, field of the first): each ``loc``
+    without FastAPI's ``body``/``query``/... head, or under ``prefix`` when given."""
+    named = []
+    for error in errors:
+        loc = [str(p) for p in error.get("loc", ())]
+        if prefix is not None:
+            loc = [prefix, *loc]
+        elif loc and loc[0] in _SOURCES and len(loc) > 1:
+            loc = loc[1:]
+        named.append((".".join(loc) or "body", error.get("msg", "invalid")))
+    if not named:
+        return "invalid request", prefix or "body"
+    return "; ".join(f"{field}: {msg}" for field, msg in named), named[0][0]
+
+
+async def _on_http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    field = getattr(exc, "field", None) or ("body" if exc.status_code == 400 else None)
+    return error_response(exc.status_code, str(exc.detail), field, exc.headers)
+
+
+async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    detail, field = _describe(exc.errors())
+    return error_response(422, detail, field)
+
+
+async def _on_bad_input(request: Request, exc: BadInput) -> JSONResponse:
+    return error_response(422, str(exc), _field_of(str(exc)))
+
+
+async def _on_too_large(request: Request, exc: TooLarge) -> JSONResponse:
+    return error_response(413, str(exc), _field_of(str(exc)) or "images")
+
+
+# --- one replica's state ----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ServerState:
+    """What one replica holds, on ``app.state.server``."""
+
+    settings: ServerSettings
+    metrics: ServerMetrics
+    given_scorers: dict[str, Scorer] | None = None  # ready-made (tests); else built at start
+    replica_id: Callable[[], str] | None = None
+    batchers: dict[str, DynamicBatcher] = dataclasses.field(default_factory=dict)
+    cache: MemoryCache | RedisCache | None = None
+    redis: Any = None
+    ready: bool = False
+    inflight: int = 0
+
+
+def _load_scorers(state: ServerState) -> dict[str, Scorer]:
+    if state.given_scorers is not None:
+        return state.given_scorers
+    settings = state.settings
+    built = {}
+    for spec in settings.scorers:
+        kwargs = {"path": spec.path} if spec.path else {}
+        built[spec.name] = make_scorer(
+            spec.name, device=settings.device, dtype=settings.dtype, **kwargs
         )
-        self.token = f"Bearer {settings.token}".encode() if settings.token else None
+    return built
+
+
+async def _heartbeat(state: ServerState, client, info: ReplicaInfo) -> None:
+    ttl = state.settings.heartbeat_ttl_s
+    while True:
+        try:
+            load = info.model_copy(update={"load": state.inflight})
+            await asyncio.to_thread(register, client, load, ttl)
+        except Exception as exc:  # Redis away: keep serving, retry next beat
+            log.warning("heartbeat to Redis failed: %s", exc)
+        await asyncio.sleep(ttl / 3)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state: ServerState = app.state.server
+    settings, metrics = state.settings, state.metrics
+    if state.replica_id is not None:
+        settings.replica_id = state.replica_id()
+    loaded = await asyncio.to_thread(_load_scorers, state)
+    for name, scorer in loaded.items():
+        batcher = DynamicBatcher(
+            scorer,
+            settings.max_batch,
+            settings.max_wait_ms / 1000.0,
+            on_batch=metrics.on_batch,
+            on_depth=metrics.on_depth,
+        )
+        batcher.start()
+        state.batchers[name] = batcher
+    beat = None
+    if settings.redis_url:
+        import redis
+
+        client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0)
+        state.redis = client
+        state.cache = RedisCache(client)
+        info = ReplicaInfo(
+            replica=settings.replica_id,
+            url=settings.url(),
+            scorers=sorted(loaded),
+            pid=os.getpid(),
+            started=time.time(),
+        )
+        await asyncio.to_thread(register, client, info, settings.heartbeat_ttl_s)
+        beat = asyncio.get_running_loop().create_task(_heartbeat(state, client, info))
+    else:
+        state.cache = MemoryCache(settings.cache_capacity)
+    state.ready = True
+    try:
+        yield
+    finally:
+        state.ready = False
+        if beat is not None:
+            beat.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(deregister, state.redis, settings.replica_id)
+        for batcher in state.batchers.values():
+            await batcher.stop()
+
+
+# --- ASGI wrappers ----------------------------------------------------------------------
+
+
+class _BodyLimit:
+    """413 once a request body exceeds ``limit`` bytes, declared or streamed.
+
+    Pure ASGI rather than a FastAPI dependency: FastAPI reads and parses a form body
+    before it runs any dependency, so a dependency would only see a body already taken
+    in. A declared Content-Length over the limit is answered before anything is read; a
+    body without one (chunked) is counted as it streams and refused at the first chunk
+    past the limit, by raising ApiError inside the app, where its handler answers."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path = scope["path"]
-        headers = dict(scope.get("headers") or [])
-        counted = path == "/v1/score"
-        if (
-            self.token is not None
-            and path.startswith("/v1/")
-            and (headers.get(b"authorization") != self.token)
-        ):
-            response = _error(401, "missing or wrong bearer token", "authorization")
-            response.headers["WWW-Authenticate"] = "Bearer"
-            if counted:
-                self.metrics.requests.labels("401").inc()
-            return await response(scope, receive, send)
-        declared = headers.get(b"content-length")
+        declared = Headers(scope=scope).get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            if counted:
-                self.metrics.requests.labels("413").inc()
-            return await _too_large(scope, receive, send, self.limit)
-        chunks, size, more = [], 0, True
-        while more:
+            refused = _body_too_large(self.limit)
+            response = error_response(refused.status_code, refused.detail, refused.field)
+            return await response(scope, receive, send)
+        size = 0
+
+        async def counted():
+            nonlocal size
             message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            body = message.get("body", b"")
-            size += len(body)
+            size += len(message.get("body", b""))
             if size > self.limit:
-                if counted:
-                    self.metrics.requests.labels("413").inc()
-                return await _too_large(scope, receive, send, self.limit)
-            chunks.append(body)
-            more = message.get("more_body", False)
-        replay = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        sent = False
+                raise _body_too_large(self.limit)
+            return message
 
-        async def replayed():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return replay
-            return await receive()
+        return await self.app(scope, counted, send)
 
-        if not counted:
-            return await self.app(scope, replayed, send)
-        status = {"code": 500}
 
-        async def watched_send(message):
+class _ScoreMetrics:
+    """The request counter (by status), latency and requests in flight of /v1/score.
+
+    Pure ASGI because only here is the status of every answer seen, whichever part gave
+    it: the handler, an exception handler or the body limit."""
+
+    def __init__(self, app, state: ServerState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != SCORE_PATH:
+            return await self.app(scope, receive, send)
+        state, metrics = self.state, self.state.metrics
+        status = 500
+
+        async def watched(message):
+            nonlocal status
             if message["type"] == "http.response.start":
-                status["code"] = message["status"]
+                status = message["status"]
             await send(message)
 
         start = time.perf_counter()
-        self.state["inflight"] += 1
-        self.metrics.inflight.inc()
+        state.inflight += 1
+        metrics.inflight.inc()
         try:
-            await self.app(scope, replayed, watched_send)
+            await self.app(scope, receive, watched)
         finally:
-            self.state["inflight"] -= 1
-            self.metrics.inflight.dec()
-            self.metrics.requests.labels(str(status["code"])).inc()
-            self.metrics.request_seconds.observe(time.perf_counter() - start)
+            state.inflight -= 1
+            metrics.inflight.dec()
+            metrics.requests.labels(str(status)).inc()
+            metrics.request_seconds.observe(time.perf_counter() - start)
 
 
-async def _too_large(scope, receive, send, limit):
-    response = JSONResponse(
-        ErrorResponse(detail=f"request body exceeds {limit} bytes", field="body").model_dump(),
-        status_code=413,
+# --- dependencies -----------------------------------------------------------------------
+
+
+async def server_state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+# (async: FastAPI would run a plain def dependency in a worker thread, a hop for nothing)
+State = Annotated[ServerState, Depends(server_state)]
+
+_bearer = HTTPBearer(auto_error=False, description="the server's token (--token-env)")
+
+
+async def require_token(
+    state: State,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    token = state.settings.token
+    if token is None:
+        return
+    if credentials is None or not secrets.compare_digest(
+        credentials.credentials.encode(), token.encode()
+    ):
+        raise ApiError(
+            401, "missing or wrong bearer token", "authorization", {"WWW-Authenticate": "Bearer"}
+        )
+
+
+async def ready_state(state: State) -> ServerState:
+    if not state.ready:
+        raise ApiError(503, "scorers are still loading")
+    return state
+
+
+ReadyState = Annotated[ServerState, Depends(ready_state)]
+
+
+async def score_request(
+    request_json: Annotated[str, Form(alias="request", description="ScoreRequest as JSON")],
+    state: ReadyState,
+) -> ScoreRequest:
+    """The ``request`` form part as a ScoreRequest naming scorers this replica serves."""
+    try:
+        req = ScoreRequest.model_validate_json(request_json)
+    except ValidationError as err:
+        raise ApiError(422, *_describe(err.errors(), prefix="request")) from None
+    unknown = [s for s in req.scorers if s not in state.batchers]
+    if unknown:
+        known = ", ".join(sorted(state.batchers))
+        raise ApiError(422, f"scorers: unknown {unknown}; this replica serves {known}", "scorers")
+    return req
+
+
+# --- the work off the event loop ----------------------------------------------------------
+
+
+def read_images(files: list[UploadFile], settings: ServerSettings) -> np.ndarray:
+    """The request's images as uint8 [N, H, W, 3], within the server's limits. Blocking
+    (file reads, PNG decoding): run it in a worker thread, never on the event loop."""
+    blobs = [f.file.read() for f in files]
+    if len(files) == 1 and (
+        files[0].content_type == SAFETENSORS_TYPE
+        or (files[0].filename or "").endswith(".safetensors")
+    ):
+        arr = decode_safetensors(blobs[0])
+        if max(arr.shape[1:3]) > settings.max_side:
+            raise TooLarge(f"images: {arr.shape[1]}x{arr.shape[2]} exceeds {settings.max_side} px")
+    else:
+        arr = decode_pngs(blobs, settings.max_side)
+    if arr.shape[0] > settings.max_images:
+        raise TooLarge(f"images: {arr.shape[0]} images exceed {settings.max_images}")
+    return arr
+
+
+@dataclasses.dataclass
+class _Scored:
+    scores: list[float]
+    version: str
+    cached: int
+    ms: float
+
+
+async def _score_cached(
+    state: ServerState, name: str, images: np.ndarray, prompts: list[str]
+) -> _Scored:
+    """One scorer's scores: cache hits as they are, the rest through its batcher."""
+    batcher = state.batchers[name]
+    version = batcher.scorer.version
+    keys = await run_in_threadpool(cache_keys, name, version, images, prompts)  # hashing
+    cache = state.cache
+    remote = isinstance(cache, RedisCache)  # network I/O off the event loop
+    try:
+        hits = await run_in_threadpool(cache.get_many, keys) if remote else cache.get_many(keys)
+    except Exception as exc:
+        log.warning("cache read failed: %s", exc)
+        hits = [None] * len(keys)
+    missing = [i for i, v in enumerate(hits) if v is None]
+    start = time.perf_counter()
+    if missing:
+        todo = images if len(missing) == len(keys) else images[missing]  # no copy if all
+        fresh = await batcher.score(todo, [prompts[i] for i in missing])
+        for i, v in zip(missing, fresh, strict=True):
+            hits[i] = float(v)
+        fresh_items = {keys[i]: hits[i] for i in missing}
+        try:
+            if remote:
+                await run_in_threadpool(cache.set_many, fresh_items)
+            else:
+                cache.set_many(fresh_items)
+        except Exception as exc:
+            log.warning("cache write failed: %s", exc)
+    cached = len(keys) - len(missing)
+    if cached:
+        state.metrics.cache_hits.labels(name).inc(cached)
+    return _Scored(hits, version, cached, (time.perf_counter() - start) * 1000)
+
+
+# --- routes -----------------------------------------------------------------------------
+
+v1 = APIRouter(
+    prefix="/v1",
+    dependencies=[Depends(require_token)],
+    responses={401: {"model": ErrorResponse}},
+)
+public = APIRouter()
+
+
+@v1.post(
+    "/score",
+    response_model=ScoreResponse,
+    responses={code: {"model": ErrorResponse} for code in (400, 413, 422, 503)},
+)
+async def score(
+    state: ReadyState,
+    req: Annotated[ScoreRequest, Depends(score_request)],
+    images: Annotated[list[UploadFile], File(description="one safetensors batch or PNG files")],
+) -> ScoreResponse:
+    start = time.perf_counter()
+    arr = await run_in_threadpool(read_images, images, state.settings)
+    if len(req.prompts) != arr.shape[0]:
+        raise ApiError(
+            422, f"prompts: {len(req.prompts)} prompts for {arr.shape[0]} images", "prompts"
+        )
+    decoded = time.perf_counter()
+    scored = await asyncio.gather(*(_score_cached(state, n, arr, req.prompts) for n in req.scorers))
+    results = dict(zip(req.scorers, scored, strict=True))
+    timings = {"decode": (decoded - start) * 1000, **{n: r.ms for n, r in results.items()}}
+    timings["total"] = (time.perf_counter() - start) * 1000
+    return ScoreResponse(
+        request_id=req.request_id,
+        scores={n: r.scores for n, r in results.items()},
+        versions={n: r.version for n, r in results.items()},
+        cached={n: r.cached for n, r in results.items()},
+        timings_ms=timings,
+        replica=state.settings.replica_id,
     )
-    await response(scope, receive, send)
 
 
-def _error(status: int, detail: str, field: str | None = None) -> JSONResponse:
-    return JSONResponse(ErrorResponse(detail=detail, field=field).model_dump(), status_code=status)
+@v1.get("/scorers", response_model=ScorersResponse)
+async def list_scorers(state: State) -> ScorersResponse:
+    return ScorersResponse(
+        scorers=[
+            ScorerInfo(name=n, version=b.scorer.version, max_batch=b.max_batch)
+            for n, b in sorted(state.batchers.items())
+        ]
+    )
 
 
-def _field_of(message: str) -> str | None:
-    head = message.split(":", 1)[0]
-    return head.split("[", 1)[0] if head and " " not in head else None
+@public.get("/healthz", response_model=HealthResponse)
+async def healthz(state: State) -> HealthResponse:
+    return HealthResponse(status="alive", replica=state.settings.replica_id)
+
+
+@public.get("/readyz", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
+async def readyz(state: State):
+    if not state.ready:
+        return JSONResponse(
+            HealthResponse(status="loading", replica=state.settings.replica_id).model_dump(),
+            status_code=503,
+        )
+    return HealthResponse(status="ready", replica=state.settings.replica_id)
+
+
+@public.get("/metrics", include_in_schema=False)
+async def prometheus_metrics(state: State) -> Response:
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 def create_app(
@@ -141,206 +478,15 @@ def create_app(
     """The app; ``scorers`` may be given ready-made (tests), else built from the settings.
     ``replica_id``: called at startup to name this replica (one app object serving several
     replicas, as a Ray Serve deployment does)."""
-    metrics = ServerMetrics()
-    state: dict = {"ready": False, "batchers": {}, "cache": None, "redis": None, "inflight": 0}
-
-    def load_scorers() -> dict[str, Scorer]:
-        if scorers is not None:
-            return scorers
-        built = {}
-        for spec in settings.scorers:
-            kwargs = {"path": spec.path} if spec.path else {}
-            built[spec.name] = make_scorer(
-                spec.name, device=settings.device, dtype=settings.dtype, **kwargs
-            )
-        return built
-
-    async def heartbeat(client, info: ReplicaInfo) -> None:
-        while True:
-            try:
-                load = info.model_copy(update={"load": state["inflight"]})
-                await asyncio.to_thread(register, client, load, settings.heartbeat_ttl_s)
-            except Exception as exc:  # Redis away: keep serving, retry next beat
-                log.warning("heartbeat to Redis failed: %s", exc)
-            await asyncio.sleep(settings.heartbeat_ttl_s / 3)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if replica_id is not None:
-            settings.replica_id = replica_id()
-        loaded = await asyncio.to_thread(load_scorers)
-        for name, scorer in loaded.items():
-            b = DynamicBatcher(
-                scorer,
-                settings.max_batch,
-                settings.max_wait_ms / 1000.0,
-                on_batch=metrics.on_batch,
-                on_depth=metrics.on_depth,
-            )
-            b.start()
-            state["batchers"][name] = b
-        beat = None
-        if settings.redis_url:
-            import redis
-
-            client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0)
-            state["redis"] = client
-            state["cache"] = RedisCache(client)
-            info = ReplicaInfo(
-                replica=settings.replica_id,
-                url=settings.url(),
-                scorers=sorted(loaded),
-                pid=os.getpid(),
-                started=time.time(),
-            )
-            await asyncio.to_thread(register, client, info, settings.heartbeat_ttl_s)
-            beat = asyncio.get_running_loop().create_task(heartbeat(client, info))
-        else:
-            state["cache"] = MemoryCache(settings.cache_capacity)
-        state["ready"] = True
-        try:
-            yield
-        finally:
-            state["ready"] = False
-            if beat is not None:
-                beat.cancel()
-                with contextlib.suppress(Exception):
-                    await asyncio.to_thread(deregister, state["redis"], settings.replica_id)
-            for b in state["batchers"].values():
-                await b.stop()
-
-    app = FastAPI(title="g2rpo reward server", version="1", lifespan=lifespan)
-
-    async def score_one(name: str, images: np.ndarray, prompts: list[str]):
-        scorer = state["batchers"][name].scorer
-        keys = cache_keys(name, scorer.version, images, prompts)
-        cache = state["cache"]
-        remote = isinstance(cache, RedisCache)  # network I/O off the event loop
-        try:
-            hits = await asyncio.to_thread(cache.get_many, keys) if remote else cache.get_many(keys)
-        except Exception as exc:
-            log.warning("cache read failed: %s", exc)
-            hits = [None] * len(keys)
-        missing = [i for i, v in enumerate(hits) if v is None]
-        start = time.perf_counter()
-        if missing:
-            fresh = await state["batchers"][name].score(
-                images[missing], [prompts[i] for i in missing]
-            )
-            for i, v in zip(missing, fresh, strict=True):
-                hits[i] = float(v)
-            fresh_items = {keys[i]: hits[i] for i in missing}
-            try:
-                if remote:
-                    await asyncio.to_thread(cache.set_many, fresh_items)
-                else:
-                    cache.set_many(fresh_items)
-            except Exception as exc:
-                log.warning("cache write failed: %s", exc)
-        cached = len(keys) - len(missing)
-        if cached:
-            metrics.cache_hits.labels(name).inc(cached)
-        return hits, scorer.version, cached, (time.perf_counter() - start) * 1000
-
-    @app.post(
-        "/v1/score",
-        response_model=ScoreResponse,
-        responses={
-            401: {"model": ErrorResponse},
-            413: {"model": ErrorResponse},
-            422: {"model": ErrorResponse},
-            503: {"model": ErrorResponse},
-        },
-    )
-    async def score(
-        request_json: Annotated[str, Form(alias="request", description="ScoreRequest as JSON")],
-        images: Annotated[list[UploadFile], File(description="one safetensors batch or PNG files")],
-    ):
-        if not state["ready"]:
-            return _error(503, "scorers are still loading")
-        start = time.perf_counter()
-        try:
-            req = ScoreRequest.model_validate_json(request_json)
-        except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "request"
-            return _error(422, f"request.{where}: {first['msg']}", f"request.{where}")
-        unknown = [s for s in req.scorers if s not in state["batchers"]]
-        if unknown:
-            known = ", ".join(sorted(state["batchers"]))
-            return _error(
-                422, f"scorers: unknown {unknown}; this replica serves {known}", "scorers"
-            )
-        try:
-            blobs = [await f.read() for f in images]
-            safetensors = len(images) == 1 and (
-                images[0].content_type == SAFETENSORS_TYPE
-                or (images[0].filename or "").endswith(".safetensors")
-            )
-            if safetensors:
-                arr = decode_safetensors(blobs[0])
-                if max(arr.shape[1:3]) > settings.max_side:
-                    raise TooLarge(
-                        f"images: {arr.shape[1]}x{arr.shape[2]} exceeds {settings.max_side} px"
-                    )
-            else:
-                arr = decode_pngs(blobs, settings.max_side)
-        except TooLarge as exc:
-            return _error(413, str(exc), "images")
-        except BadInput as exc:
-            return _error(422, str(exc), _field_of(str(exc)) or "images")
-        if arr.shape[0] > settings.max_images:
-            return _error(
-                413, f"images: {arr.shape[0]} images exceed {settings.max_images}", "images"
-            )
-        if len(req.prompts) != arr.shape[0]:
-            return _error(
-                422, f"prompts: {len(req.prompts)} prompts for {arr.shape[0]} images", "prompts"
-            )
-        decoded = time.perf_counter()
-        try:
-            results = await asyncio.gather(*(score_one(n, arr, req.prompts) for n in req.scorers))
-        except BadInput as exc:
-            return _error(422, str(exc), _field_of(str(exc)))
-        timings = {"decode": (decoded - start) * 1000}
-        timings.update({n: r[3] for n, r in zip(req.scorers, results, strict=True)})
-        timings["total"] = (time.perf_counter() - start) * 1000
-        return ScoreResponse(
-            request_id=req.request_id,
-            scores={n: r[0] for n, r in zip(req.scorers, results, strict=True)},
-            versions={n: r[1] for n, r in zip(req.scorers, results, strict=True)},
-            cached={n: r[2] for n, r in zip(req.scorers, results, strict=True)},
-            timings_ms=timings,
-            replica=settings.replica_id,
-        )
-
-    @app.get("/v1/scorers", response_model=ScorersResponse)
-    async def list_scorers():
-        return ScorersResponse(
-            scorers=[
-                ScorerInfo(name=n, version=b.scorer.version, max_batch=b.max_batch)
-                for n, b in sorted(state["batchers"].items())
-            ]
-        )
-
-    @app.get("/healthz", response_model=HealthResponse)
-    async def healthz():
-        return HealthResponse(status="alive", replica=settings.replica_id)
-
-    @app.get("/readyz", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
-    async def readyz():
-        if not state["ready"]:
-            return JSONResponse(
-                HealthResponse(status="loading", replica=settings.replica_id).model_dump(),
-                status_code=503,
-            )
-        return HealthResponse(status="ready", replica=settings.replica_id)
-
-    @app.get("/metrics", include_in_schema=False)
-    async def prometheus_metrics():
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    app.add_middleware(_Guard, settings=settings, metrics=metrics, state=state)
-    app.state.settings = settings
-    app.state.metrics = metrics
+    state = ServerState(settings, ServerMetrics(), scorers, replica_id)
+    app = FastAPI(title="g2rpo reward server", version="1", lifespan=_lifespan)
+    app.state.server = state
+    app.include_router(v1)
+    app.include_router(public)
+    app.add_exception_handler(HTTPException, _on_http_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(BadInput, _on_bad_input)
+    app.add_exception_handler(TooLarge, _on_too_large)
+    app.add_middleware(_BodyLimit, limit=settings.max_payload_bytes)
+    app.add_middleware(_ScoreMetrics, state=state)  # outermost: sees the body limit's 413s
     return app

@@ -93,7 +93,8 @@ class DynamicBatcher:
             await self._execute(batch, count)
 
     async def _execute(self, batch: list[_Job], count: int) -> None:
-        images = np.concatenate([j.images for j in batch])
+        # runs on the event loop: a lone request's images are used as they are, uncopied
+        images = batch[0].images if len(batch) == 1 else np.concatenate([j.images for j in batch])
         prompts = [p for j in batch for p in j.prompts]
         self._waiting -= count
         self.on_depth(self.scorer.name, self._waiting)

@@ -4,9 +4,9 @@ answered without scoring again, so retries and failovers are idempotent."""
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 
 import numpy as np
+from cachetools import LRUCache
 
 
 def cache_keys(scorer: str, version: str, images: np.ndarray, prompts: list[str]) -> list[str]:
@@ -22,27 +22,20 @@ def cache_keys(scorer: str, version: str, images: np.ndarray, prompts: list[str]
 
 
 class MemoryCache:
-    """In-process LRU (one replica without Redis)."""
+    """In-process LRU (one replica without Redis); ``capacity`` 0 keeps nothing."""
 
     def __init__(self, capacity: int = 100_000) -> None:
         self.capacity = capacity
-        self._data: OrderedDict[str, float] = OrderedDict()
+        self._data: LRUCache[str, float] | None = LRUCache(capacity) if capacity > 0 else None
 
     def get_many(self, keys: list[str]) -> list[float | None]:
-        out = []
-        for k in keys:
-            v = self._data.get(k)
-            if v is not None:
-                self._data.move_to_end(k)
-            out.append(v)
-        return out
+        if self._data is None:
+            return [None] * len(keys)
+        return [self._data.get(k) for k in keys]  # a hit becomes the most recent
 
     def set_many(self, items: dict[str, float]) -> None:
-        for k, v in items.items():
-            self._data[k] = v
-            self._data.move_to_end(k)
-        while len(self._data) > self.capacity:
-            self._data.popitem(last=False)
+        if self._data is not None:
+            self._data.update(items)  # beyond capacity, the least recently used go
 
 
 class RedisCache:

@@ -27,6 +27,13 @@ class ServeOptions(BaseModel):
     )
     upscale_delay_s: float = Field(5.0, ge=0)
     downscale_delay_s: float = Field(60.0, ge=0)
+    # Serve averages requests in flight over this window; its AutoscalingConfig warns (and
+    # is to refuse) a window not longer than metrics_interval_s, whose default is 10 s (the
+    # field itself is deprecated for RAY_SERVE_*_AUTOSCALING_METRIC_PUSH_INTERVAL_S, also
+    # 10 s by default, so it is left unset here).
+    look_back_period_s: float = Field(
+        15.0, gt=10.0, description="seconds of load Serve averages; more than Serve's 10 s"
+    )
     max_ongoing_requests: int = Field(16, ge=1, description="per replica, beyond which it queues")
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
@@ -40,7 +47,7 @@ class ServeOptions(BaseModel):
             "target_ongoing_requests": self.target_ongoing_requests,
             "upscale_delay_s": self.upscale_delay_s,
             "downscale_delay_s": self.downscale_delay_s,
-            "look_back_period_s": 2.0,
+            "look_back_period_s": self.look_back_period_s,
         }
 
 

@@ -1,6 +1,11 @@
-"""The reward app in process (real FastAPI app through its ASGI test client)."""
+"""The reward app in process (real FastAPI app through its ASGI test client) and behind a
+real uvicorn."""
 
+import asyncio
+import contextlib
 import io
+import json
+import threading
 import time
 
 import numpy as np
@@ -8,13 +13,14 @@ import pytest
 from fastapi.testclient import TestClient
 from g2rpo.common.shapes import all_combinations, render_batch
 from g2rpo.reward_server.app import create_app
-from g2rpo.reward_server.schemas import SAFETENSORS_TYPE, ScoreResponse
+from g2rpo.reward_server.schemas import SAFETENSORS_TYPE, ErrorResponse, ScoreResponse
 from g2rpo.reward_server.scorers.jpeg import JpegCompressibility
 from g2rpo.reward_server.scorers.shapes_oracle import ShapesOracle
 from g2rpo.reward_server.settings import ScorerSpec, ServerSettings
-from g2rpo.reward_server.wire import encode_png, encode_safetensors
+from g2rpo.reward_server.wire import decode_pngs, encode_png, encode_safetensors
 from PIL import Image
 from safetensors.numpy import save
+from servers import free_port
 
 SPECS = all_combinations()[:6]
 IMAGES = render_batch(SPECS, seed=0)
@@ -105,7 +111,7 @@ def test_retry_is_a_cache_hit_and_metrics_count_it(client):
             422,
             "images",
         ),
-        (dict(request="{not json"), 422, "request."),
+        (dict(request="{not json"), 422, "request"),  # the whole JSON part
         (dict(request='{"scorers": [], "prompts": []}'), 422, "request.scorers"),
         (dict(raw={"images": ("b.safetensors", b"garbage", SAFETENSORS_TYPE)}), 422, "images"),
         (dict(raw={"images": ("x.png", b"\x89PNG broken", "image/png")}), 422, "images"),
@@ -116,7 +122,7 @@ def test_retry_is_a_cache_hit_and_metrics_count_it(client):
 def test_bad_requests_name_the_field(client, kwargs, status, field):
     r = _post(client, **kwargs)
     assert r.status_code == status, r.text
-    assert r.json()["field"].startswith(field)
+    assert r.json()["field"] == field and r.json()["detail"].startswith(field)
 
 
 def test_float_safetensors_is_rejected_with_the_dtype(client):
@@ -138,6 +144,7 @@ def test_payload_limit_is_413():
         big = np.zeros((8, 64, 64, 3), np.uint8)
         r = _post(c, images=big, prompts=["p"] * 8)
         assert r.status_code == 413 and r.json()["field"] == "body"
+        assert 'g2rpo_reward_requests_total{status="413"} 1.0' in c.get("/metrics").text
 
 
 def test_token_is_enforced_on_v1_only():
@@ -148,6 +155,9 @@ def test_token_is_enforced_on_v1_only():
         assert c.get("/v1/scorers").status_code == 401
         assert c.get("/healthz").status_code == 200
         assert c.get("/readyz").status_code == 200
+        counted = c.get("/metrics").text  # refusals of /v1/score are counted too
+        assert 'g2rpo_reward_requests_total{status="401"} 2.0' in counted
+        assert 'g2rpo_reward_requests_total{status="200"} 1.0' in counted
 
 
 def test_scorers_and_health(client):
@@ -226,3 +236,198 @@ def test_scorer_device_is_checked_at_start():
             _settings(device="cuda").check_device()
     else:
         _settings(device="cuda").check_device()
+
+
+# --- one error shape over real HTTP ---------------------------------------------------
+
+
+@contextlib.contextmanager
+def _live(app):
+    """The app behind a real uvicorn on a free port (lifespan included)."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+LIMIT = 4096
+TOKEN = {"Authorization": "Bearer s3cret"}
+
+
+@pytest.fixture(scope="module")
+def live_url():
+    settings = _settings(token="s3cret", max_payload_bytes=LIMIT, max_side=64, max_images=16)
+    with _live(create_app(settings)) as url:
+        yield url
+
+
+def _form(request: dict, files: list[tuple[str, bytes, str]]) -> tuple[bytes, str]:
+    """A multipart body by hand, to send it with or without a Content-Length."""
+    import json
+
+    boundary = "g2rpo-test-boundary"
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="request"\r\n\r\n'.encode()
+        + json.dumps(request).encode()
+        + b"\r\n"
+    ]
+    for name, data, ctype in files:
+        head = (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="images"; '
+            f'filename="{name}"\r\nContent-Type: {ctype}\r\n\r\n'
+        )
+        parts.append(head.encode() + data + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+GOOD = {"scorers": ["shapes_oracle"], "prompts": PROMPTS[:1]}
+ONE_IMAGE = [("b.safetensors", encode_safetensors(IMAGES[:1]), SAFETENSORS_TYPE)]
+BIG = [("b.safetensors", encode_safetensors(np.zeros((1, 40, 40, 3), np.uint8)), SAFETENSORS_TYPE)]
+
+
+def _chunks(body: bytes, size: int = 1024):
+    for lo in range(0, len(body), size):
+        yield body[lo : lo + size]
+
+
+@pytest.mark.parametrize(
+    ("request_json", "files", "headers", "chunked", "status", "field"),
+    [
+        pytest.param(GOOD, [], TOKEN, False, 422, "images", id="no-images"),
+        pytest.param(GOOD, ONE_IMAGE, {"Authorization": "Bearer nope"}, False, 401,
+                     "authorization", id="wrong-token"),
+        pytest.param(GOOD, ONE_IMAGE, {}, False, 401, "authorization", id="no-token"),
+        pytest.param(GOOD, BIG, TOKEN, False, 413, "body", id="declared-length-too-large"),
+        pytest.param(GOOD, BIG, TOKEN, True, 413, "body", id="chunked-body-too-large"),
+        pytest.param({**GOOD, "prompts": "one"}, ONE_IMAGE, TOKEN, False, 422,
+                     "request.prompts", id="bad-field"),
+        pytest.param({**GOOD, "extra": 1}, ONE_IMAGE, TOKEN, True, 422, "request.extra",
+                     id="unknown-field-chunked"),
+    ],
+)  # fmt: skip
+def test_every_refusal_has_the_one_error_shape(
+    live_url, request_json, files, headers, chunked, status, field
+):
+    import httpx
+
+    body, ctype = _form(request_json, files)
+    assert (len(body) > LIMIT) == (status == 413)
+    content = _chunks(body) if chunked else body
+    r = httpx.post(
+        f"{live_url}/v1/score",
+        content=content,
+        headers={**headers, "Content-Type": ctype},
+        timeout=30,
+    )
+    sent = r.request.headers
+    assert ("content-length" in sent) != chunked and (
+        sent.get("transfer-encoding") == "chunked"
+    ) == chunked
+    assert r.status_code == status, r.text
+    error = ErrorResponse.model_validate(r.json())  # exactly {"detail", "field"}
+    assert error.field == field and error.detail
+    if status == 401:
+        assert r.headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_the_same_request_within_limits_is_scored(live_url):
+    import httpx
+
+    body, ctype = _form(GOOD, ONE_IMAGE)
+    r = httpx.post(
+        f"{live_url}/v1/score", content=_chunks(body), headers={**TOKEN, "Content-Type": ctype}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["scores"]["shapes_oracle"] == pytest.approx(
+        ShapesOracle().score(IMAGES[:1], PROMPTS[:1])
+    )
+
+
+# --- decoding off the event loop --------------------------------------------------------
+
+
+class _FirstPixel:
+    """A scorer that costs nothing, so a request's time is its decoding."""
+
+    name, version = "first_pixel", "1"
+
+    def score(self, images, prompts):
+        return images[:, 0, 0, 0].astype(np.float32)
+
+
+def test_decoding_does_not_block_the_event_loop():
+    """/healthz is asked again and again while a batch of large PNGs is decoded. A
+    decoder on the event loop stops every other request for as long as it runs, so the
+    longest wait between two health answers would be at least the decode time; the
+    control below shows this measurement sees exactly that. Off the loop, health answers
+    keep coming while the server decodes: the longest wait is shorter than the decoding."""
+    import httpx
+
+    ramp = np.arange(1024, dtype=np.uint8)[None, :, None] * np.ones((1024, 1, 3), np.uint8)
+    png = encode_png(ramp)  # 1024 px: a few ms to decode each, a few KB to send
+    n = 24
+    settings = ServerSettings(scorers=[ScorerSpec(name="first_pixel")], max_batch=n)
+    app = create_app(settings, scorers={"first_pixel": _FirstPixel()})
+
+    async def longest_health_wait(client, work) -> tuple[float, object]:
+        """Run ``work`` while /healthz is asked in a loop; the longest time between two
+        consecutive health answers, from one answer before ``work`` to one after it."""
+        answers: list[float] = []
+        stop = asyncio.Event()
+
+        async def ping():
+            while not stop.is_set():
+                r = await client.get("/healthz")
+                assert r.status_code == 200
+                answers.append(time.perf_counter())
+                await asyncio.sleep(0)  # an in-process answer may never suspend: let others run
+
+        pinger = asyncio.create_task(ping())
+        while not answers:
+            await asyncio.sleep(0)
+        result = await work()
+        seen = len(answers)
+        while len(answers) == seen:
+            await asyncio.sleep(0)
+        stop.set()
+        await pinger
+        return float(np.diff(answers).max()), result
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+
+                async def blocking_decode():  # the control: decoding on the loop
+                    start = time.perf_counter()
+                    decode_pngs([png] * n, settings.max_side)
+                    return time.perf_counter() - start
+
+                async def score():
+                    files = [("images", (f"{i}.png", png, "image/png")) for i in range(n)]
+                    header = json.dumps({"scorers": ["first_pixel"], "prompts": ["p"] * n})
+                    r = await c.post("/v1/score", data={"request": header}, files=files)
+                    assert r.status_code == 200, r.text
+                    return r.json()["timings_ms"]["decode"] / 1000
+
+                control = await longest_health_wait(c, blocking_decode)
+                served = await longest_health_wait(c, score)
+                return control, served
+
+    (control_wait, control_decode), (wait, decode) = asyncio.run(main())
+    assert control_wait >= control_decode  # the measurement sees a blocked loop
+    assert wait < decode, f"health waited {wait:.3f} s while decoding took {decode:.3f} s"

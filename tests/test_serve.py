@@ -4,6 +4,7 @@ replica comes up, and after the load it goes away again."""
 
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from g2rpo.reward_server.client import RewardClient
 from g2rpo.reward_server.discovery import live_replicas
 from g2rpo.reward_server.serve import ServeOptions, reward_application
 from g2rpo.reward_server.settings import ScorerSpec, ServerSettings
+from pydantic import ValidationError
 from servers import RedisServer, free_port, local_ray
 
 NAME = "g2rpo-reward-test"
@@ -27,6 +29,26 @@ def serve_cluster():
         yield f"http://127.0.0.1:{port}", redis
         serve.shutdown()
     redis.stop()
+
+
+def test_autoscaling_config_is_one_serve_takes_without_a_warning():
+    """Serve warns (and is to refuse) a look-back window not longer than its metrics
+    interval, and warns on deprecated fields: the config is built by Serve's own model and
+    by its deployment decorator with every warning an error. No cluster is needed."""
+    from ray import serve
+    from ray.serve.config import AutoscalingConfig
+
+    for options in (ServeOptions(), ServeOptions(min_replicas=0, max_replicas=2)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            config = AutoscalingConfig(**options.autoscaling_config())
+            serve.deployment(name="probe", autoscaling_config=options.autoscaling_config())(
+                type("Probe", (), {})
+            )
+        assert config.look_back_period_s > config.metrics_interval_s
+        assert config.look_back_period_s == options.look_back_period_s
+    with pytest.raises(ValidationError, match="look_back_period_s"):
+        ServeOptions(look_back_period_s=2.0)
 
 
 def _running(name: str) -> int:
