@@ -11,6 +11,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 STATUS_KEY = "g2rpo:runs:{name}"
 STREAM_KEY = "g2rpo:runs:{name}:metrics"
+# eval/<reward>/<suffix> row entries (records.eval_row) -> the change gauge's bound label
+CHANGE_BOUNDS = {"delta": "mean", "delta_lo": "lo", "delta_hi": "hi"}
+_CHANGE_SUFFIXES = tuple(f"/{suffix}" for suffix in CHANGE_BOUNDS)
 
 
 class TrainingExporter:
@@ -23,6 +26,13 @@ class TrainingExporter:
         self.reward = Gauge("g2rpo_train_reward", "Mean branch reward", ["reward"], registry=r)
         self.eval_reward = Gauge(
             "g2rpo_train_eval_reward", "Held-out anchor reward", ["reward"], registry=r
+        )
+        self.eval_change = Gauge(
+            "g2rpo_train_eval_reward_change",
+            "Held-out reward's paired change since the run's first evaluation: its mean "
+            "and 95% CI bounds (G2rpoRewardCollapse fires on bound hi < 0)",
+            ["reward", "bound"],
+            registry=r,
         )
         self.loss = Gauge("g2rpo_train_loss", "PPO-clip loss", registry=r)
         self.grad_norm = Gauge("g2rpo_train_grad_norm", "Pre-clip gradient norm", registry=r)
@@ -81,6 +91,9 @@ class TrainingExporter:
                 self.reward_by_granularity.labels(name, g[1:]).set(value)
             elif key.startswith("adv_share/"):
                 self.advantage_share.labels(key.split("/", 1)[1]).set(value)
+            elif key.startswith("eval/") and key.endswith(_CHANGE_SUFFIXES):
+                name, suffix = key[len("eval/") :].rsplit("/", 1)
+                self.eval_change.labels(name, CHANGE_BOUNDS[suffix]).set(value)
             elif key.startswith("eval/") and (key.count("/") == 1 or key.endswith("/pass")):
                 self.eval_reward.labels(key.split("/", 1)[1]).set(value)
             elif key.startswith("time/"):
