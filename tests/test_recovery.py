@@ -205,3 +205,105 @@ def test_worker_killed_under_broadcast_weights_with_staleness_one(
     assert last["weight_groups_formed"] == 2 + last["weight_broadcast_failures"]
     assert [r["weight_versions"] for r in rows] == [r["weight_versions"] for r in calm_overlapped]
     assert _strip(rows) == _strip(calm_overlapped)
+
+
+# ------------------------------------------------------ a learner rank killed
+
+TWO = ["train.learners=2"]
+
+
+def _final_digest(run) -> str:
+    """The exported weights' bytes (final/**/*.safetensors)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted((run / "final").rglob("*.safetensors")):
+        h.update(path.relative_to(run).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def calm_group(ray_local, quick_world, tmp_path_factory):
+    """The uninterrupted 3-iteration run of a 2-learner group (FSDP2 over gloo)."""
+    run = small_train(quick_world, tmp_path_factory.mktemp("calm-group"), "calm-group", 3, TWO)
+    return read_metrics(run), _final_digest(run), run
+
+
+def test_learner_rank_killed_is_recovered_from_the_last_checkpoint(
+    calm_group, quick_world, tmp_path, capfd
+):
+    """Learner rank 1 SIGKILLed after iteration 1's row: the group is stopped with
+    one line (no traceback from the surviving rank), formed again from the last
+    checkpoint (train.checkpoint_every=1: at most one iteration redone) and the run
+    goes on by itself. metrics.jsonl holds every iteration once, and the rows and the
+    final weights equal the uninterrupted run's."""
+    calm, calm_digest, _ = calm_group
+
+    def kill(record):
+        pid = record["learners"][1]
+        os.kill(pid, signal.SIGKILL)
+        return {"pids": record["learners"]}
+
+    run_dir = tmp_path / "rank-killed"
+    thread, killed = _when_rows(run_dir, 2, kill)
+    run = small_train(quick_world, tmp_path, "rank-killed", 3, TWO)
+    thread.join(timeout=5)
+    err = capfd.readouterr().err
+    assert "pids" in killed
+    rows = read_metrics(run)
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    assert _strip(rows, "learner_restarts") == _strip(calm)
+    assert _final_digest(run) == calm_digest
+    (event,) = [json.loads(ln) for ln in (run / "learner_failures.jsonl").read_text().splitlines()]
+    assert event["rank"] == 1 and event["learner_restarts"] == 1
+    assert event["resumed_from"] in (1, 2)  # it_00002 may have been mid-save
+    redone = event["resumed_from"]
+    assert [r.get("learner_restarts", 0) for r in rows] == [0] * redone + [1] * (3 - redone)
+    new = json.loads((run / "actors.json").read_text())["learners"]
+    assert not set(new) & set(killed["pids"])  # a new group of two
+    assert f"learner rank 1 (pid {killed['pids'][1]}) died" in err, err
+    assert "formed again" in err
+    assert "Traceback" not in err and "Unhandled error" not in err, err
+    assert (run / "finished.json").is_file()
+
+
+def test_learner_rank_death_past_max_failures_stops_with_one_line(
+    calm_group, quick_world, tmp_path
+):
+    """As a user sees it: `g2rpo train` with run.max_failures=0, learner rank 1
+    SIGKILLed after iteration 0. The run stops with one clear line that names the
+    rank and says how to resume, and nothing else on stderr (no traceback from the
+    surviving rank); --resume then reproduces the uninterrupted run."""
+    from g2rpo.orchestration.driver import train
+
+    calm, calm_digest, calm_dir = calm_group
+    run_dir = tmp_path / "stopped"
+    cmd = [G2RPO, "train", "--no-progress", "--config", str(calm_dir / "config.yaml")]
+    for o in (f"run.output_dir={tmp_path}", "run.name=stopped", "run.max_failures=0"):
+        cmd += ["--set", o]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a Ray of its own
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def kill(record):
+        os.kill(record["learners"][1], signal.SIGKILL)
+        return {"pid": record["learners"][1]}
+
+    thread, killed = _when_rows(run_dir, 1, kill)
+    try:
+        out, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    thread.join(timeout=5)
+    assert proc.returncode == 2, (out, err)
+    lines = [ln for ln in err.splitlines() if ln.strip() and "Started a local Ray" not in ln]
+    assert len(lines) == 1, err
+    (line,) = lines
+    assert line.startswith(f"g2rpo: error: learner rank 1 (pid {killed['pid']}) died in ")
+    assert "run.max_failures=0" in line and f"g2rpo train --resume {run_dir}" in line
+    assert "Traceback" not in out + err and "Unhandled error" not in out + err
+    assert not (run_dir / "learner_failures.jsonl").exists()
+
+    train(None, [], resume=run_dir, progress=False)
+    assert _strip(read_metrics(run_dir)) == _strip(calm)
+    assert _final_digest(run_dir) == calm_digest
