@@ -261,6 +261,14 @@ class RunConfig(Section):
         "learner's forwards; evaluation excluded) would pass this many",
     )
     output_dir: str = "runs"
+    max_failures: int = Field(
+        2,
+        ge=0,
+        description="learner-group failures a session recovers from by itself: when a learner "
+        "rank's process dies, the group is stopped, formed again from the last checkpoint "
+        "(as --resume) and the run goes on, reproducing the uninterrupted run; one more ends "
+        "the run (as Ray Train's FailureConfig.max_failures; 0: stop at the first)",
+    )
 
 
 class G2RPOConfig(Section):

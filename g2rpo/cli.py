@@ -58,6 +58,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from g2rpo.orchestration.telemetry import read_status
 
     state = read_status(args.run, args.redis_url)
+    if "redis_error" in state:
+        print(
+            f"g2rpo status: Redis did not answer ({state['redis_error']}); "
+            "read from the run directory",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(state))
         return 0

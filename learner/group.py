@@ -2,9 +2,15 @@
 act as one. Every call goes to every rank (sharded weights are gathered, gradients
 and statistics reduced, checkpoints written by all of them together) and the
 group's answer is rank 0's. A rank that fails fails the call at once, naming it,
-rather than leaving the others waiting in a collective."""
+rather than leaving the others waiting in a collective: the group is broken then,
+so every rank is stopped and every rank's answer collected (none is left for Ray
+to report as an unhandled error). A rank whose process died raises
+``LearnerRankDied``, which the driver may recover from (``run.max_failures``)."""
 
 from __future__ import annotations
+
+import contextlib
+import re
 
 import ray
 
@@ -12,6 +18,21 @@ from ..common.config import G2RPOConfig
 from ..common.messages import PublishedWeights
 from .actor import Learner
 from .trainer import uses_process_group
+
+# after one rank failed, how long the others may take to answer before they are
+# stopped (a rank that died is told apart from one that saw its peer go)
+SETTLE_S = 10.0
+
+
+class LearnerRankDied(RuntimeError):
+    """A learner rank's process died (killed, out of host memory, its node lost).
+    The group is stopped; a new one can continue from the last checkpoint."""
+
+    def __init__(self, rank: int, what: str, cause: BaseException) -> None:
+        pid = re.search(r"\bpid: (\d+)", str(cause))
+        where = f" (pid {pid[1]})" if pid else ""
+        super().__init__(f"learner rank {rank}{where} died in {what}")
+        self.rank, self.what = rank, what
 
 
 class LearnerGroup:
@@ -37,7 +58,8 @@ class LearnerGroup:
         return [r.placement.remote() for r in self.ranks]
 
     def _gather(self, refs: list, what: str) -> list:
-        """Every rank's answer; the first rank to fail raises at once."""
+        """Every rank's answer; the first rank to fail raises at once (the others are
+        stopped): ``LearnerRankDied`` when a rank's process died."""
         pending = dict(zip(refs, range(len(refs)), strict=True))
         answers: list = [None] * len(refs)
         while pending:
@@ -47,9 +69,34 @@ class LearnerGroup:
                 answers[rank] = ray.get(done[0])
             except ray.exceptions.RayError as exc:
                 if len(refs) == 1:
+                    if isinstance(exc, ray.exceptions.RayActorError):
+                        raise LearnerRankDied(rank, what, exc) from exc
                     raise
+                failed = {rank: exc, **self._stop(pending)}
+                died = [r for r, e in failed.items() if isinstance(e, ray.exceptions.RayActorError)]
+                if died:
+                    raise LearnerRankDied(min(died), what, failed[min(died)]) from exc
                 raise RuntimeError(f"learner rank {rank} failed in {what}: {exc}") from exc
         return answers
+
+    def _stop(self, pending: dict) -> dict:
+        """After one rank failed: the other ranks' errors, those that come within
+        SETTLE_S (a peer's death reaches the survivors as a collective error), then
+        every rank stopped and every answer collected."""
+        failed = {}
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=SETTLE_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                failed[pending[ref]] = exc
+        self.kill()
+        for ref in pending:
+            if ref not in ready:
+                # stopped by us: not this failure's cause
+                with contextlib.suppress(ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                    ray.get(ref, timeout=SETTLE_S)
+        return failed
 
     def _call(self, method: str, *args):
         refs = [getattr(r, method).remote(*args) for r in self.ranks]

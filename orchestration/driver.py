@@ -39,6 +39,7 @@ from .lifecycle import attach_telemetry, finish, open_run, resume_point
 from .phase_clock import PhaseClock
 from .publishing import Published, check_loaded, publisher_for
 from .records import eval_row, progress_fields, summarise_batches
+from .recovery import run_with_recovery
 
 __all__ = ["read_metrics", "train"]
 
@@ -75,6 +76,7 @@ class TrainingLoop:
     status: object = None
     next_rollout: PendingRollout | None = None  # staleness >= 1: started beside the update
     published: Published | None = None
+    learner_restarts: int = 0  # learner groups formed again in this run (recovery.py)
 
     def __post_init__(self) -> None:
         self.budget = Budget(self.cfg.run.nfe_budget)
@@ -268,6 +270,8 @@ class TrainingLoop:
         row = {"iteration": it, "version": weights.version, "weights_bytes": weights.nbytes}
         row["weights_via"] = weights.via
         row.update(self.publisher.counters())
+        if self.learner_restarts:
+            row["learner_restarts"] = self.learner_restarts
         row.update(summarise_batches(batches, stats))
         self.budget.add(row["nfe_train"])
         row["nfe_train_total"] = self.budget.total
@@ -341,7 +345,7 @@ def train(
             end = min(end, start + max_iterations)
         attach_telemetry(loop)
         try:
-            done = loop.run(start, end, progress)
+            done = run_with_recovery(loop, start, end, progress)
         finally:
             if loop.exporter is not None:
                 loop.exporter.close()

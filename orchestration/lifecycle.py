@@ -48,6 +48,7 @@ def resume_point(loop) -> int:
     if rows:
         loop.budget.total = rows[-1].get("nfe_train_total", 0)
         loop.budget.last = rows[-1].get("nfe_train", 0)
+        loop.learner_restarts = rows[-1].get("learner_restarts", 0)
     evaluations = read_evaluations(run_dir)
     loop.first_eval = evaluations[0] if evaluations else None
     loop.last_eval_nfe = evaluations[-1]["nfe_train_total"] if evaluations else None

@@ -4,6 +4,7 @@ the run's live status in Redis (a key and a stream) for ``g2rpo status``."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -11,6 +12,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 STATUS_KEY = "g2rpo:runs:{name}"
 STREAM_KEY = "g2rpo:runs:{name}:metrics"
+MAXLEN = 100_000  # rows a run's stream keeps
+# eval/<reward>/<suffix> row entries (records.eval_row) -> the change gauge's bound label
+CHANGE_BOUNDS = {"delta": "mean", "delta_lo": "lo", "delta_hi": "hi"}
+_CHANGE_SUFFIXES = tuple(f"/{suffix}" for suffix in CHANGE_BOUNDS)
 
 
 class TrainingExporter:
@@ -23,6 +28,13 @@ class TrainingExporter:
         self.reward = Gauge("g2rpo_train_reward", "Mean branch reward", ["reward"], registry=r)
         self.eval_reward = Gauge(
             "g2rpo_train_eval_reward", "Held-out anchor reward", ["reward"], registry=r
+        )
+        self.eval_change = Gauge(
+            "g2rpo_train_eval_reward_change",
+            "Held-out reward's paired change since the run's first evaluation: its mean "
+            "and 95% CI bounds (G2rpoRewardCollapse fires on bound hi < 0)",
+            ["reward", "bound"],
+            registry=r,
         )
         self.loss = Gauge("g2rpo_train_loss", "PPO-clip loss", registry=r)
         self.grad_norm = Gauge("g2rpo_train_grad_norm", "Pre-clip gradient norm", registry=r)
@@ -81,6 +93,9 @@ class TrainingExporter:
                 self.reward_by_granularity.labels(name, g[1:]).set(value)
             elif key.startswith("adv_share/"):
                 self.advantage_share.labels(key.split("/", 1)[1]).set(value)
+            elif key.startswith("eval/") and key.endswith(_CHANGE_SUFFIXES):
+                name, suffix = key[len("eval/") :].rsplit("/", 1)
+                self.eval_change.labels(name, CHANGE_BOUNDS[suffix]).set(value)
             elif key.startswith("eval/") and (key.count("/") == 1 or key.endswith("/pass")):
                 self.eval_reward.labels(key.split("/", 1)[1]).set(value)
             elif key.startswith("time/"):
@@ -104,44 +119,120 @@ class TrainingExporter:
 
 
 class RedisStatus:
-    """Publishes each iteration's row under the run's key and appends it to a stream."""
+    """Publishes each iteration's row under the run's key and appends it to a stream.
+
+    Redis is the control plane only: while it does not answer, the run goes on (its
+    rows are in metrics.jsonl, and ``g2rpo status`` reads the run directory) and the
+    rows not yet published wait here; they go to the stream, in order and once each,
+    when Redis answers again. A Redis that came back without its data (no
+    persistence: the deployments' setting) gets the run's whole stream again from
+    metrics.jsonl."""
 
     def __init__(self, redis_url: str, name: str) -> None:
         import redis
 
+        self.url = redis_url
         self.client = redis.Redis.from_url(redis_url, socket_timeout=2.0)
         self.key, self.stream = STATUS_KEY.format(name=name), STREAM_KEY.format(name=name)
+        self.backlog: list[dict] = []  # rows not yet in the stream, oldest first
+        self.sent = 0  # rows this session put in the stream
+        self.failures = 0  # publishes Redis did not answer, in the current outage
 
     def publish(self, row: dict, run_dir: Path, state: str = "running") -> None:
+        import redis
+
+        self.backlog.append(row)
         payload = json.dumps(
             {"state": state, "run_dir": str(run_dir), "updated": time.time(), "last": row}
         )
-        self.client.set(self.key, payload)
-        self.client.xadd(self.stream, {"row": json.dumps(row)}, maxlen=100_000)
+        try:
+            restored = self._restore_if_lost(run_dir)
+            while self.backlog:  # a row leaves the backlog once it is in the stream
+                self.client.xadd(self.stream, {"row": json.dumps(self.backlog[0])}, maxlen=MAXLEN)
+                self.backlog.pop(0)
+                self.sent += 1
+            self.client.set(self.key, payload)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.failures += 1
+            if self.failures == 1:  # one line per outage
+                print(
+                    f"run status: Redis at {self.url} did not answer ({exc}); training goes "
+                    f"on, its rows are in {run_dir / 'metrics.jsonl'} and are published "
+                    "when Redis answers again",
+                    file=sys.stderr,
+                )
+            return
+        if self.failures or restored:
+            what = "the run's stream rebuilt from metrics.jsonl" if restored else "published"
+            print(
+                f"run status: Redis answers again; rows up to iteration {row['iteration']} {what}",
+                file=sys.stderr,
+            )
+        self.failures = 0
+
+    def _restore_if_lost(self, run_dir: Path) -> bool:
+        """Redis lost the stream (restarted empty): publish every row on disk again."""
+        if not self.sent or self.client.xlen(self.stream) >= min(self.sent, MAXLEN):
+            return False
+        from ..run_directory.files import read_metrics
+
+        self.client.delete(self.stream)
+        self.backlog, self.sent = read_metrics(run_dir), 0  # this row is on disk already
+        return True
 
 
 def read_status(run: str | None, redis_url: str | None) -> dict:
-    """The live state of a run, from Redis when given, else from its run directory."""
+    """The live state of a run, from Redis when given, else from its run directory;
+    when Redis does not answer, from the run directory (``run`` a directory, or a
+    run name under runs/), saying so under ``redis_error``."""
     if redis_url:
         import redis
 
-        client = redis.Redis.from_url(redis_url, socket_timeout=2.0)
-        if run is None:
-            keys = sorted(
-                k.decode()
-                for k in client.scan_iter(match="g2rpo:runs:*")
-                if not k.decode().endswith(":metrics")
-            )
-            return {"runs": [k.split(":", 2)[2] for k in keys]}
-        raw = client.get(STATUS_KEY.format(name=run))
-        if raw is None:
-            raise ValueError(f"no run {run!r} in {redis_url}")
-        status = json.loads(raw)
-        status["iterations_in_stream"] = client.xlen(STREAM_KEY.format(name=run))
-        return status
+        try:
+            return _redis_status(run, redis_url)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            run_dir = _run_dir_of(run)
+            if run_dir is None:
+                raise ValueError(
+                    f"Redis at {redis_url} did not answer ({exc}); give the run directory "
+                    "to read the run's state from its files"
+                ) from None
+            return {**_disk_status(run_dir), "redis_error": f"{redis_url}: {exc}"}
     if run is None:
         raise ValueError("give a run directory (e.g. runs/tiny) or --redis-url")
-    run_dir = Path(run)
+    return _disk_status(Path(run))
+
+
+def _redis_status(run: str | None, redis_url: str) -> dict:
+    import redis
+
+    client = redis.Redis.from_url(redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    if run is None:
+        keys = sorted(
+            k.decode()
+            for k in client.scan_iter(match="g2rpo:runs:*")
+            if not k.decode().endswith(":metrics")
+        )
+        return {"runs": [k.split(":", 2)[2] for k in keys]}
+    raw = client.get(STATUS_KEY.format(name=run))
+    if raw is None:
+        raise ValueError(f"no run {run!r} in {redis_url}")
+    status = json.loads(raw)
+    status["iterations_in_stream"] = client.xlen(STREAM_KEY.format(name=run))
+    return status
+
+
+def _run_dir_of(run: str | None) -> Path | None:
+    """``run`` as a run directory: a path, or a run name under the default runs/."""
+    if run is None:
+        return None
+    for candidate in (Path(run), Path("runs") / run):
+        if (candidate / "metrics.jsonl").is_file():
+            return candidate
+    return None
+
+
+def _disk_status(run_dir: Path) -> dict:
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
         raise ValueError(f"{run_dir}: no metrics.jsonl (not a run directory, or not started)")

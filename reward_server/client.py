@@ -3,7 +3,9 @@
 Finds replicas in Redis (or takes a static URL list), spreads requests over them
 (least loaded first, round robin among equals), retries with exponential backoff
 and fails over when a replica dies or times out; a request is answered once, and
-the servers' score cache makes a retried request free. ``submit`` returns a
+the servers' score cache makes a retried request free. While Redis does not
+answer, the replicas it last listed are used (the control plane may go away; the
+replicas serve on). ``submit`` returns a
 future at once, so a worker can score one batch while it generates the next.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import logging
 import threading
 import time
 
@@ -21,6 +24,8 @@ import numpy as np
 from .discovery import live_replicas
 from .schemas import SAFETENSORS_TYPE, ScoreRequest, ScoreResponse
 from .wire import encode_safetensors
+
+log = logging.getLogger(__name__)
 
 
 class NoReplicaAvailable(RuntimeError):
@@ -60,6 +65,9 @@ class RewardClient:
         self.timeout_s, self.deadline_s = timeout_s, deadline_s
         self.backoff_s, self.cooldown_s = backoff_s, cooldown_s
         self._down: dict[str, float] = {}
+        self._known: list = []  # the replicas Redis last listed: used while it is away
+        self.redis_errors = 0  # discoveries Redis did not answer
+        self._redis_away = False
         self._turn = itertools.count()
         self.attempts = 0
         self.failovers = 0
@@ -92,7 +100,7 @@ class RewardClient:
         """Candidate URLs, best first: live, least loaded, rotated among equals."""
         urls, load = list(self.static), {}
         if self.redis is not None:  # static URLs and discovered replicas together
-            live = [r for r in live_replicas(self.redis) if set(scorers) <= set(r.scorers)]
+            live = [r for r in self._discover() if set(scorers) <= set(r.scorers)]
             load = {r.url.rstrip("/"): r.load for r in live}
             urls = sorted(set(urls) | set(load))
         if not urls:
@@ -103,6 +111,28 @@ class RewardClient:
         up = [u for u in urls if self._down.get(u, 0.0) <= now]
         down = [u for u in urls if self._down.get(u, 0.0) > now]
         return sorted(up, key=lambda u: load.get(u, 0)) + down
+
+    def _discover(self) -> list:
+        """The live replicas in Redis; while Redis does not answer, the ones it
+        listed last (they serve without it, and re-register when it is back)."""
+        import redis
+
+        try:
+            self._known = live_replicas(self.redis)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.redis_errors += 1
+            if not self._redis_away:
+                log.warning(
+                    "Redis did not answer (%s); using the %d reward replicas it listed last",
+                    exc,
+                    len(self._known),
+                )
+            self._redis_away = True
+        else:
+            if self._redis_away:
+                log.warning("Redis answers again: %d reward replicas listed", len(self._known))
+            self._redis_away = False
+        return self._known
 
     # ------------------------------------------------------------------ scoring
     def submit(

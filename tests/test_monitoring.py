@@ -92,10 +92,10 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(quic
         f"run.output_dir={tmp_path / 'runs'}",
         "run.name=monitored",
         "run.iterations=200",  # stopped once every query has answered
-        # held-out evaluation at iteration 0 only: the quick world's strict pass rate
-        # over 32 samples is near 0 (1/32 at iteration 0, 0/32 at 1), a fall of 100%
-        # that G2rpoRewardCollapse rightly marks pending; whether the healthy-run check
-        # below saw it depended on Prometheus evaluating the rule after that second row
+        # held-out evaluation at iteration 0 only: no paired change is exported, so
+        # G2rpoRewardCollapse has no series and the healthy-run check below does not
+        # depend on the quick world's near-0 strict pass rate over 32 samples (the
+        # paired change's CI; tests/test_reward_collapse_alert.py covers that noise)
         "train.eval_every=1000",
         "train.metrics_port=0",
         f"train.reward.urls=[{reward.url}]",

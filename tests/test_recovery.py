@@ -1,0 +1,309 @@
+"""Failures inside a training run on a real local Ray, with real processes killed
+(docs/design.md, Failures): the Redis control plane stopped mid-run and started
+again empty; a rollout worker SIGKILLed under broadcast weights with overlapped
+iterations; a learner rank SIGKILLed, its group formed again from the last
+checkpoint (run.max_failures), and the run stopped quietly once they are spent."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+from g2rpo.orchestration.driver import read_metrics
+from servers import G2RPO, RewardServerProcess, free_port, local_ray
+from small_run import small_train, when_first_row
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    # 2 workers, up to 2 learners, the job's reward replica, evaluator: 1 CPU each
+    with local_ray(6, object_store_mb=256):
+        yield
+
+
+def _strip(rows, *also):
+    """What a run computed: no timings, not how weights travelled, no failure counts."""
+    drop = ("weights_via", "weight_groups_formed", "weight_broadcast_failures", *also)
+    return [
+        {k: v for k, v in r.items() if not k.startswith("time/") and k not in drop} for r in rows
+    ]
+
+
+def _when_rows(run_dir, n: int, act, timeout: float = 600):
+    """A thread that runs ``act(actors.json record)`` once the run at ``run_dir``
+    logged ``n`` iterations; ``act``'s dict is merged into the one returned."""
+    done: dict = {}
+
+    def watch():
+        metrics, actors = run_dir / "metrics.jsonl", run_dir / "actors.json"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if metrics.exists() and actors.exists():
+                rows = [ln for ln in metrics.read_text().splitlines() if ln.strip()]
+                if len(rows) >= n:
+                    done.update(act(json.loads(actors.read_text())))
+                    return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread, done
+
+
+# ---------------------------------------------------------------- Redis away
+
+
+class Redis:
+    """redis-server as the deployments run it (no persistence) on a port of its
+    own, stopped and started again on that same port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        import redis
+
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not installed (.ci/run installs it)")
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen(
+            [exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        client = redis.Redis.from_url(self.url)
+        for _ in range(250):
+            try:
+                if client.ping():
+                    return
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        raise RuntimeError("redis-server did not answer PING")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+def test_redis_stopped_mid_run_and_started_again_empty_loses_nothing(
+    ray_local, quick_world, tmp_path
+):
+    """Reward replicas are found in Redis and the run's status goes there. Redis is
+    stopped after iteration 1 and started again, empty (no persistence), two
+    iterations later: the workers keep scoring on the replica Redis listed last,
+    `g2rpo status` reads the run directory meanwhile, the replica registers again,
+    every iteration's row is in metrics.jsonl once, and the run's stream in Redis is
+    whole again (rebuilt from metrics.jsonl), each iteration once."""
+    import redis as redis_py
+    from g2rpo.orchestration.telemetry import STREAM_KEY, read_status
+
+    redis = Redis()
+    server = RewardServerProcess(
+        "--scorers", f"shapes_clip={quick_world / 'shapes_clip'}", "--redis-url", redis.url
+    )
+    run_dir = tmp_path / "outage"
+    seen: dict = {}
+
+    def outage(record):
+        redis.stop()
+        seen["stopped_after"] = len(read_metrics(run_dir))
+        seen["status"] = read_status(str(run_dir), redis.url)  # from the run directory
+        cli = subprocess.run(
+            [G2RPO, "status", str(run_dir), "--redis-url", redis.url],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        seen["cli"] = (cli.returncode, cli.stdout, cli.stderr)
+        deadline = time.monotonic() + 600
+        while len(read_metrics(run_dir)) < seen["stopped_after"] + 2:  # trains on without it
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        seen["restarted_after"] = len(read_metrics(run_dir))
+        redis.start()
+        return {}
+
+    thread, _ = _when_rows(run_dir, 2, outage)
+    try:
+        small_train(
+            quick_world,
+            tmp_path,
+            "outage",
+            6,
+            ["train.reward.replicas=0", "train.checkpoint_every=100"],
+            redis_url=redis.url,
+        )
+        thread.join(timeout=30)
+        rows = read_metrics(run_dir)
+        assert [r["iteration"] for r in rows] == [0, 1, 2, 3, 4, 5]
+        assert all(r["transitions"] == 2 * 2 * 2 * 4 for r in rows)  # every prompt's share
+        assert (run_dir / "finished.json").is_file()
+        assert seen["stopped_after"] >= 2 and seen["restarted_after"] < 6, seen
+        status = seen["status"]
+        assert "redis_error" in status and status["run_dir"] == str(run_dir)
+        assert status["iterations"] >= seen["stopped_after"]
+        code, out, err = seen["cli"]
+        assert code == 0 and "Redis did not answer" in err and "last iteration" in out, seen["cli"]
+
+        client = redis_py.Redis.from_url(redis.url)
+        stream = client.xrange(STREAM_KEY.format(name="outage"))
+        assert [json.loads(f[b"row"])["iteration"] for _, f in stream] == [0, 1, 2, 3, 4, 5]
+        live = read_status("outage", redis.url)
+        assert live["state"] == "finished" and live["last"]["iteration"] == 5
+        assert client.keys("g2rpo:replicas:*")  # the replica registered again
+    finally:
+        server.stop()
+        redis.stop()
+
+
+# ------------------------------------------- a rollout worker killed, overlapped
+
+OVERLAP = ["train.staleness=1", "train.weight_transport=collective"]
+
+
+@pytest.fixture(scope="module")
+def calm_overlapped(ray_local, quick_world, tmp_path_factory):
+    """The uninterrupted overlapped run with broadcast weights (1 learner)."""
+    run = small_train(quick_world, tmp_path_factory.mktemp("calm-ov"), "calm-ov", 4, OVERLAP)
+    return read_metrics(run)
+
+
+def test_worker_killed_under_broadcast_weights_with_staleness_one(
+    calm_overlapped, quick_world, tmp_path
+):
+    """train.staleness=1 with train.weight_transport=collective: a rollout worker
+    SIGKILLed early in iteration 1 (while it rolls out on v0 beside the update) is
+    restarted by Ray, loads the version its share was sampled with and redoes it,
+    then the newest; the broadcast group is formed again with it. Every version and
+    checksum check holds (a mismatch ends the run), and the run computes exactly
+    what the calm one did: no iteration lost or trained twice."""
+
+    def kill(record):
+        pid = record["rollout_workers"][1]
+        os.kill(pid, signal.SIGKILL)
+        return {"pid": pid}
+
+    thread, killed = when_first_row(tmp_path / "killed-ov", kill)
+    run = small_train(quick_world, tmp_path, "killed-ov", 4, OVERLAP)
+    thread.join(timeout=5)
+    assert "pid" in killed
+    assert json.loads((run / "actors.json").read_text())["rollout_workers"][1] != killed["pid"]
+    rows = read_metrics(run)
+    assert (run / "finished.json").is_file()
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+    assert [r["weight_lag"] for r in rows] == [0, 1, 1, 1]
+    last = rows[-1]
+    # the first group, then one with the restarted worker (and one after any
+    # broadcast the kill broke, whose version went by the object store)
+    assert last["weight_groups_formed"] == 2 + last["weight_broadcast_failures"]
+    assert [r["weight_versions"] for r in rows] == [r["weight_versions"] for r in calm_overlapped]
+    assert _strip(rows) == _strip(calm_overlapped)
+
+
+# ------------------------------------------------------ a learner rank killed
+
+TWO = ["train.learners=2"]
+
+
+def _final_digest(run) -> str:
+    """The exported weights' bytes (final/**/*.safetensors)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted((run / "final").rglob("*.safetensors")):
+        h.update(path.relative_to(run).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def calm_group(ray_local, quick_world, tmp_path_factory):
+    """The uninterrupted 3-iteration run of a 2-learner group (FSDP2 over gloo)."""
+    run = small_train(quick_world, tmp_path_factory.mktemp("calm-group"), "calm-group", 3, TWO)
+    return read_metrics(run), _final_digest(run), run
+
+
+def test_learner_rank_killed_is_recovered_from_the_last_checkpoint(
+    calm_group, quick_world, tmp_path, capfd
+):
+    """Learner rank 1 SIGKILLed after iteration 1's row: the group is stopped with
+    one line (no traceback from the surviving rank), formed again from the last
+    checkpoint (train.checkpoint_every=1: at most one iteration redone) and the run
+    goes on by itself. metrics.jsonl holds every iteration once, and the rows and the
+    final weights equal the uninterrupted run's."""
+    calm, calm_digest, _ = calm_group
+
+    def kill(record):
+        pid = record["learners"][1]
+        os.kill(pid, signal.SIGKILL)
+        return {"pids": record["learners"]}
+
+    run_dir = tmp_path / "rank-killed"
+    thread, killed = _when_rows(run_dir, 2, kill)
+    run = small_train(quick_world, tmp_path, "rank-killed", 3, TWO)
+    thread.join(timeout=5)
+    err = capfd.readouterr().err
+    assert "pids" in killed
+    rows = read_metrics(run)
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    assert _strip(rows, "learner_restarts") == _strip(calm)
+    assert _final_digest(run) == calm_digest
+    (event,) = [json.loads(ln) for ln in (run / "learner_failures.jsonl").read_text().splitlines()]
+    assert event["rank"] == 1 and event["learner_restarts"] == 1
+    assert event["resumed_from"] in (1, 2)  # it_00002 may have been mid-save
+    redone = event["resumed_from"]
+    assert [r.get("learner_restarts", 0) for r in rows] == [0] * redone + [1] * (3 - redone)
+    new = json.loads((run / "actors.json").read_text())["learners"]
+    assert not set(new) & set(killed["pids"])  # a new group of two
+    assert f"learner rank 1 (pid {killed['pids'][1]}) died" in err, err
+    assert "formed again" in err
+    assert "Traceback" not in err and "Unhandled error" not in err, err
+    assert (run / "finished.json").is_file()
+
+
+def test_learner_rank_death_past_max_failures_stops_with_one_line(
+    calm_group, quick_world, tmp_path
+):
+    """As a user sees it: `g2rpo train` with run.max_failures=0, learner rank 1
+    SIGKILLed after iteration 0. The run stops with one clear line that names the
+    rank and says how to resume, and nothing else on stderr (no traceback from the
+    surviving rank); --resume then reproduces the uninterrupted run."""
+    from g2rpo.orchestration.driver import train
+
+    calm, calm_digest, calm_dir = calm_group
+    run_dir = tmp_path / "stopped"
+    cmd = [G2RPO, "train", "--no-progress", "--config", str(calm_dir / "config.yaml")]
+    for o in (f"run.output_dir={tmp_path}", "run.name=stopped", "run.max_failures=0"):
+        cmd += ["--set", o]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a Ray of its own
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def kill(record):
+        os.kill(record["learners"][1], signal.SIGKILL)
+        return {"pid": record["learners"][1]}
+
+    thread, killed = _when_rows(run_dir, 1, kill)
+    try:
+        out, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    thread.join(timeout=5)
+    assert proc.returncode == 2, (out, err)
+    lines = [ln for ln in err.splitlines() if ln.strip() and "Started a local Ray" not in ln]
+    assert len(lines) == 1, err
+    (line,) = lines
+    assert line.startswith(f"g2rpo: error: learner rank 1 (pid {killed['pid']}) died in ")
+    assert "run.max_failures=0" in line and f"g2rpo train --resume {run_dir}" in line
+    assert "Traceback" not in out + err and "Unhandled error" not in out + err
+    assert not (run_dir / "learner_failures.jsonl").exists()
+
+    train(None, [], resume=run_dir, progress=False)
+    assert _strip(read_metrics(run_dir)) == _strip(calm)
+    assert _final_digest(run_dir) == calm_digest
