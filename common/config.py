@@ -117,7 +117,7 @@ class ModelConfig(Section):
                 raise ValueError(
                     "model.mixed_precision fsdp computes in model.dtype, which is float32: "
                     "there is nothing to mix (set model.dtype bfloat16, or use autocast; "
-                    "train.learners > 1 shards with FSDP2 either way)"
+                    "train.learner.count > 1 shards with FSDP2 either way)"
                 )
         return self
 
@@ -283,13 +283,26 @@ class G2RPOConfig(Section):
         return v
 
     @model_validator(mode="after")
-    def _one_gpu_per_learner_rank(self) -> G2RPOConfig:
-        t = self.train
-        if self.model.device.startswith("cuda") and t.learners > 1 and t.learner_num_gpus < 1:
+    def _gpus_for_cuda(self) -> G2RPOConfig:
+        """A CUDA run's model-running actors each need a GPU from Ray, and the ranks of
+        a learner group a whole one each."""
+        device, t = self.model.device, self.train
+        if not device.startswith("cuda"):
+            return self
+        for path, kind in t.actor_kinds().items():
+            if kind.num_gpus <= 0:
+                also = " (or train.eval.on_actor: false)" if path == "train.eval" else ""
+                raise ValueError(
+                    f"model.device is {device} but {path}.num_gpus is {kind.num_gpus:g}: "
+                    "those actors would run the model on a GPU Ray did not reserve for them; "
+                    f"give each one ({path}.num_gpus: 1, or a fraction to share one){also}"
+                )
+        if t.learner.count > 1 and t.learner.num_gpus < 1:
             raise ValueError(
-                f"train.learner_num_gpus {t.learner_num_gpus} with train.learners {t.learners} "
-                "on CUDA: Ray may put two ranks of the learner group on one GPU, which NCCL "
-                "refuses; give each learner rank a whole GPU (learner_num_gpus: 1)"
+                f"train.learner.num_gpus {t.learner.num_gpus:g} with train.learner.count "
+                f"{t.learner.count} on CUDA (model.device {device}): Ray may put two ranks of "
+                "the learner group on one GPU, which NCCL refuses; give each learner rank a "
+                "whole GPU (train.learner.num_gpus: 1)"
             )
         return self
 
@@ -303,7 +316,11 @@ def _format_errors(err: ValidationError, data: dict[str, Any]) -> str:
         path = ".".join(str(p) for p in e["loc"])
         value = e.get("input")
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {path or '<root>'}: {e['msg']}{shown}")
+        # a validator's own message (ValueError) is phrased for the user already
+        msg = str(e["ctx"]["error"]) if e["type"] == "value_error" else e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        lines.append(f"  {path}: {msg}{shown}" if path else f"  {msg}")
     return "invalid configuration:\n" + "\n".join(lines)
 
 

@@ -125,7 +125,7 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
     budget = [f"run.nfe_budget={b.nfe}", "run.iterations=100000"] if b.nfe else []
     if b.iterations:
         budget = [f"run.iterations={b.iterations}", "run.nfe_budget=null"]
-    pinned = [f"train.checkpoint_at=[{b.also_at_iterations}]"] if b.also_at_iterations else []
+    pinned = [f"train.checkpoints.at=[{b.also_at_iterations}]"] if b.also_at_iterations else []
     runs = []
     for method, m in spec.methods.items():
         for seed in spec.seeds:

@@ -33,7 +33,7 @@ def add_plan_parsers(sub) -> None:
         "--gpu-memory",
         default=None,
         metavar="SIZE",
-        help="memory of one GPU, e.g. 80GiB or 141 (default: train.gpu_memory_gib)",
+        help="memory of one GPU, e.g. 80GiB or 141 (default: train.memory.gpu_memory_gib)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)

@@ -8,7 +8,7 @@ from ..common.config import G2RPOConfig
 
 
 class WeightGroupMember:
-    """Membership of the weight-broadcast group (``train.weight_transport:
+    """Membership of the weight-broadcast group (``train.weights.transport:
     collective``): learner rank 0 and every rollout worker. A restarted actor holds
     none, which is how the driver knows to form the group again."""
 
@@ -54,7 +54,7 @@ class RolloutWorker(WeightGroupMember):
     def load_weights(self, version: int, state: dict, checksum: str) -> tuple[int, str]:
         return self.core.load_weights(version, state, checksum)
 
-    # -- train.weight_transport: collective (rank worker+1 of the broadcast group)
+    # -- train.weights.transport: collective (rank worker+1 of the broadcast group)
 
     def receive_weights(self, name: str, version: int, layout, checksum: str):
         """Take a broadcast version (verified and loaded as from the object store)."""
@@ -99,7 +99,7 @@ class Learner(WeightGroupMember):
         from .publishing import StagedVersions, versions_kept
 
         # rank 0, collective transport: the versions a worker may still load
-        self._staged = StagedVersions(versions_kept(self.cfg.train.staleness))
+        self._staged = StagedVersions(versions_kept(self.cfg.train.weights.staleness))
 
     @property
     def core(self):
@@ -144,7 +144,7 @@ class Learner(WeightGroupMember):
 
         return where_am_i()
 
-    # -- train.weight_transport: collective (rank 0 of the broadcast group)
+    # -- train.weights.transport: collective (rank 0 of the broadcast group)
     def stage_weights(self):
         """Every rank takes part (gathering); rank 0 keeps the version for the
         broadcast (and an object-store fallback) and returns (version, layout,

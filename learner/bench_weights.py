@@ -1,5 +1,5 @@
 """``g2rpo bench weights``: what publishing one weight version costs, by both
-transports of training (``train.weight_transport``): the object store (the learner
+transports of training (``train.weights.transport``): the object store (the learner
 takes its trained state and puts it once; every worker fetches it, verifies the
 checksum and loads it strictly into its transformer) and the collective (the
 learner packs it into buckets and broadcasts them over the weight group; every

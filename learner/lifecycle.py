@@ -55,10 +55,10 @@ def resume_point(loop) -> int:
 
 
 def attach_telemetry(loop) -> None:
-    if loop.cfg.train.metrics_port is not None:
+    if loop.cfg.train.metrics.port is not None:
         from .telemetry import TrainingExporter
 
-        loop.exporter = TrainingExporter(loop.cfg.train.metrics_port, loop.cfg.train.metrics_host)
+        loop.exporter = TrainingExporter(loop.cfg.train.metrics.port, loop.cfg.train.metrics.host)
         (loop.run_dir / "metrics_port").write_text(f"{loop.exporter.port}\n")
     if loop.actors.rewards.redis_url:
         from .telemetry import RedisStatus

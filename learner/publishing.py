@@ -1,4 +1,4 @@
-"""Publishing a weight version to the rollout workers, by ``train.weight_transport``:
+"""Publishing a weight version to the rollout workers, by ``train.weights.transport``:
 
 * ``object_store``: learner rank 0 puts the version once into Ray's object store
   and every worker fetches it;
@@ -8,7 +8,7 @@
   (a worker died in it) falls back to the object store for that version.
 
 Either way every worker verifies the version and checksum it loaded, and a worker
-that dies or is stuck past ``train.rollout_timeout_s`` is restarted by Ray and loads
+that dies or is stuck past ``train.workers.rollout_timeout_s`` is restarted by Ray and loads
 the version from the object store. The evaluator always loads from the object store
 (off the critical path, and only when it evaluates)."""
 
@@ -24,7 +24,7 @@ from .cluster import RunActors, get_or_redo
 
 def versions_kept(staleness: int) -> int:
     """The versions learner rank 0 must still be able to hand out: the newest, and
-    with overlapped iterations (``train.staleness >= 1``) the one the rollout in
+    with overlapped iterations (``train.weights.staleness >= 1``) the one the rollout in
     flight was started with, which a worker restarted during it reloads
     (``driver.collect_rollout``). The driver overlaps one iteration at most, whatever
     the bound, so no older version is ever asked for."""
@@ -115,7 +115,7 @@ class BroadcastFailed(RuntimeError):
 
 class CollectivePublisher:
     def __init__(self, actors: RunActors, timeout: float | None) -> None:
-        # ``timeout`` (train.rollout_timeout_s) bounds a whole publish, as on the
+        # ``timeout`` (train.workers.rollout_timeout_s) bounds a whole publish, as on the
         # object-store path; a dead peer inside a collective is caught sooner, by the
         # group's own per-operation timeout (train.collective_timeout_s)
         self.actors, self.timeout = actors, timeout
@@ -190,6 +190,6 @@ class CollectivePublisher:
 
 def publisher_for(actors: RunActors, cfg):
     t = cfg.train
-    if t.weight_transport == "collective":
-        return CollectivePublisher(actors, t.rollout_timeout_s)
-    return ObjectStorePublisher(actors, t.rollout_timeout_s)
+    if t.weights.transport == "collective":
+        return CollectivePublisher(actors, t.workers.rollout_timeout_s)
+    return ObjectStorePublisher(actors, t.workers.rollout_timeout_s)

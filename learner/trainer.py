@@ -92,7 +92,7 @@ def merge(batches: list[Trajectories]) -> tuple[Transitions, dict[str, torch.Ten
 def uses_process_group(cfg: G2RPOConfig) -> bool:
     """Learners form a torch.distributed group: several of them, or one whose
     transformer FSDP2 computes in mixed precision."""
-    return cfg.train.learners > 1 or cfg.model.mixed_precision == "fsdp"
+    return cfg.train.learner.count > 1 or cfg.model.mixed_precision == "fsdp"
 
 
 def sharded_learner(cfg: G2RPOConfig) -> bool:
@@ -104,12 +104,13 @@ def sharded_learner(cfg: G2RPOConfig) -> bool:
 def learner_share(cfg: G2RPOConfig, rank: int) -> RankShare:
     """Rank ``rank``'s part of the group: FSDP2 shards for a full fine-tune in a
     group, data-parallel replicas for LoRA, the whole update for one learner."""
-    return RankShare(rank, cfg.train.learners, sharded=sharded_learner(cfg))
+    return RankShare(rank, cfg.train.learner.count, sharded=sharded_learner(cfg))
 
 
 def single_rank(cfg: G2RPOConfig) -> G2RPOConfig:
-    """``cfg`` for one learner: it holds what ``train.learners`` ranks would share."""
-    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"learners": 1})})
+    """``cfg`` for one learner: it holds what ``train.learner.count`` ranks would share."""
+    learner = cfg.train.learner.model_copy(update={"count": 1})
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"learner": learner})})
 
 
 @contextmanager
@@ -140,7 +141,7 @@ class LearnerCore:
     def __init__(self, cfg: G2RPOConfig, share: RankShare = SINGLE) -> None:
         from diffusers import AutoencoderKL
 
-        torch.set_num_threads(cfg.train.worker_threads)
+        torch.set_num_threads(cfg.train.threads)
         self.cfg, self.share = cfg, share
         cfg.model.check_trainable()
         path = resolve_path(cfg.model.pretrained)
@@ -256,7 +257,7 @@ class LearnerCore:
         return self.version, state, weights_checksum(state)
 
     def update(self, batches: list[Trajectories]) -> dict:
-        bound = self.cfg.train.staleness
+        bound = self.cfg.train.weights.staleness
         for b in batches:
             if self.version - b.version > bound:
                 raise StaleTrajectories(
@@ -294,7 +295,7 @@ class LearnerCore:
             reference_model=self.reference,
             kl_beta=self.kl_beta,
             share=self.share,
-            max_batch=self.cfg.train.learner_max_batch,
+            max_batch=self.cfg.train.learner.max_batch,
         ).as_dict()
         self.version += 1
         self.iteration += 1

@@ -99,7 +99,7 @@ class Trajectories:
 
 class RolloutWorkerCore:
     def __init__(self, cfg: G2RPOConfig, worker: int) -> None:
-        torch.set_num_threads(cfg.train.worker_threads)
+        torch.set_num_threads(cfg.train.threads)
         self.cfg, self.worker = cfg, worker
         if cfg.model.pretrained is None:
             raise ValueError("model.pretrained: a local pipeline directory is needed for training")

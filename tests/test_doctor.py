@@ -106,7 +106,7 @@ def test_doctor_phases_keep_their_tensors_on_the_device():
             f"model.device={NAME}",
             "sampling.sde_steps=[0]",
             "sampling.group_size=3",
-            "train.eval_samples=2",
+            "train.eval.samples=2",
         ],
     )
     with on_fake_gpu():
@@ -122,7 +122,7 @@ def test_a_failure_names_only_real_config_fields():
     assert field_of("rollout worker", missing) == "model.pretrained"  # the phase's own
     assert field_of("rollout", ValueError("train.prompts /p: not found")) == "train.prompts"
     oom = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    assert field_of("precision", oom) == "train.learner_max_batch"
+    assert field_of("precision", oom) == "train.learner.max_batch"
 
 
 @pytest.mark.parametrize("bad", ["2", "a,b", "-1,0"])

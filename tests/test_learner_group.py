@@ -84,7 +84,7 @@ def test_two_rank_update_equals_one_rank_update(ray_two_learners, quick_world, m
     one = LearnerCore(cfg)
     before = one.trained_state()
     stats_one = one.update(batches)
-    group = _group(_cfg(quick_world, "train.learners=2", *extra))
+    group = _group(_cfg(quick_world, "train.learner.count=2", *extra))
     try:
         stats_two = group.update(batches)
         after_two = _published(group)

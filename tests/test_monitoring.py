@@ -96,8 +96,8 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(quic
         # over 32 samples is near 0 (1/32 at iteration 0, 0/32 at 1), a fall of 100%
         # that G2rpoRewardCollapse rightly marks pending; whether the healthy-run check
         # below saw it depended on Prometheus evaluating the rule after that second row
-        "train.eval_every=1000",
-        "train.metrics_port=0",
+        "train.eval.every=1000",
+        "train.metrics.port=0",
         f"train.reward.urls=[{reward.url}]",
     ]
     cmd = [G2RPO, "train", "--no-progress", "--config", str(DEPLOY.parent / "configs/tiny.yaml")]

@@ -1,4 +1,4 @@
-"""Weight publishing by broadcast (train.weight_transport: collective) on real Ray
+"""Weight publishing by broadcast (train.weights.transport: collective) on real Ray
 actors: a learner and 2 rollout workers of the quick world. A worker that dies
 after the group formed and before the broadcast fails that broadcast; the version
 then reaches every worker (the restarted one too) through the object store, and
@@ -49,7 +49,7 @@ def test_a_failed_broadcast_falls_back_and_the_group_is_formed_again(ray_three, 
         [
             *SMALL_RUN,
             f"model.pretrained={quick_world / 'pipeline'}",
-            "train.weight_transport=collective",
+            "train.weights.transport=collective",
             "train.collective_timeout_s=10",
         ],
     )
