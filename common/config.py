@@ -13,12 +13,8 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .config_train import Section, TrainConfig
+from .errors import ConfigError
 from .paths import config_candidates, find_config
-
-
-class ConfigError(ValueError):
-    """A configuration problem, phrased for the user (field path + value + reason)."""
-
 
 FLUX_LORA_TARGETS = [
     "to_q",
@@ -123,7 +119,7 @@ class ModelConfig(Section):
 
     def check_trainable(self) -> None:
         if self.dtype == "float16":
-            raise ValueError(
+            raise ConfigError(
                 "model.dtype float16: training needs loss scaling, which g2rpo does not do; "
                 "use bfloat16 (or float32)"
             )
@@ -317,11 +313,24 @@ def _format_errors(err: ValidationError, data: dict[str, Any]) -> str:
         value = e.get("input")
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
         # a validator's own message (ValueError) is phrased for the user already
-        msg = str(e["ctx"]["error"]) if e["type"] == "value_error" else e["msg"]
+        own = e.get("ctx", {}).get("error") if e["type"] == "value_error" else None
+        msg = e["msg"] if own is None else str(own)
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
         lines.append(f"  {path}: {msg}{shown}" if path else f"  {msg}")
+    if len(lines) == 1:  # one line for one problem
+        return "invalid configuration: " + lines[0].strip()
     return "invalid configuration:\n" + "\n".join(lines)
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: what the parser found and where."""
+    what = ": ".join(
+        str(part) for part in (getattr(exc, "context", None), getattr(exc, "problem", None)) if part
+    )
+    mark = getattr(exc, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return (what or " ".join(str(exc).split())) + where
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:
@@ -335,7 +344,9 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {key}: cannot parse value {raw!r}: {exc}") from None
+        raise ConfigError(
+            f"override {key}: cannot parse value {raw!r}: {yaml_problem(exc)}"
+        ) from None
     node = data
     for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
@@ -365,9 +376,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ConfigError(f"config file not found: {path} (looked at {tried})")
         path = found
         try:
-            loaded = yaml.safe_load(path.read_text())
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+            raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read it: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
         data = loaded or {}

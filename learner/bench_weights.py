@@ -17,8 +17,9 @@ import ray
 import torch
 
 from ..common.config import LoraOptions
+from ..common.errors import UsageError
 from ..common.flops import best_seconds
-from ..common.flux import build_tiny_flux, count_parameters
+from ..common.flux import build_tiny_flux, count_parameters, tiny_flux_config
 from ..common.lora import add_lora
 from ..common.weights import load_published, state_nbytes, weights_checksum
 from .placement import free_address
@@ -163,10 +164,15 @@ def bench_weights(
     counts = [workers] if isinstance(workers, int) else list(workers)
     modes = modes or list(MODES)
     if not counts or min(counts) < 1:
-        raise ValueError(f"workers {counts}: every count must be >= 1")
+        raise UsageError(f"workers {counts}: every count must be >= 1")
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
-        raise ValueError(f"modes {unknown}: choose from {sorted(MODES)}")
+        raise UsageError(f"modes {unknown}: choose from {sorted(MODES)}")
+    for size in sizes:
+        try:
+            tiny_flux_config(size)
+        except ValueError as exc:
+            raise UsageError(f"--sizes: {exc}") from None
     started = not ray.is_initialized()
     if started:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -21,6 +21,7 @@ import ray
 from tqdm.auto import tqdm
 
 from ..common.config import G2RPOConfig
+from ..common.errors import RunFailed
 from ..common.prompts import prompts_for, read_prompts
 from ..planning.check import refuse_misfit
 from .budget import Budget
@@ -184,7 +185,7 @@ class TrainingLoop:
             try:
                 results.append(get_or_redo(ref, redo, worker, timeout))
             except ray.exceptions.GetTimeoutError:
-                raise RuntimeError(
+                raise RunFailed(
                     f"rollout worker {i} did not finish iteration {pending.iteration}'s share "
                     f"within train.workers.rollout_timeout_s={timeout} s, twice"
                 ) from None

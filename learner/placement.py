@@ -9,9 +9,10 @@ import time
 import ray
 
 from ..common.config import G2RPOConfig
+from ..common.errors import G2RPOError
 
 
-class PlacementError(RuntimeError):
+class PlacementError(G2RPOError, RuntimeError):
     """An actor the cluster did not place in time; names the config fields."""
 
 

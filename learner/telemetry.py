@@ -9,6 +9,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from ..common.errors import RunDirError, UsageError
+
 STATUS_KEY = "g2rpo:runs:{name}"
 STREAM_KEY = "g2rpo:runs:{name}:metrics"
 
@@ -135,16 +137,16 @@ def read_status(run: str | None, redis_url: str | None) -> dict:
             return {"runs": [k.split(":", 2)[2] for k in keys]}
         raw = client.get(STATUS_KEY.format(name=run))
         if raw is None:
-            raise ValueError(f"no run {run!r} in {redis_url}")
+            raise RunDirError(f"no run {run!r} in {redis_url}")
         status = json.loads(raw)
         status["iterations_in_stream"] = client.xlen(STREAM_KEY.format(name=run))
         return status
     if run is None:
-        raise ValueError("give a run directory (e.g. runs/tiny) or --redis-url")
+        raise UsageError("give a run directory (e.g. runs/tiny) or --redis-url")
     run_dir = Path(run)
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
-        raise ValueError(f"{run_dir}: no metrics.jsonl (not a run directory, or not started)")
+        raise RunDirError(f"{run_dir}: no metrics.jsonl (not a run directory, or not started)")
     rows = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()]
     from .run_files import list_checkpoints
 

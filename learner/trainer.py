@@ -10,8 +10,10 @@ import torch
 
 from ..common.advantages import advantage_shares
 from ..common.config import G2RPOConfig
+from ..common.errors import ConfigError, RunDirError
 from ..common.flux import FluxVelocity
 from ..common.flux_pipeline import latent_size
+from ..common.loaders import resolve_local_dir
 from ..common.lora import BaseModelVelocity, adapter_state, load_adapter_state
 from ..common.paths import resolve_path
 from ..common.schedules import sampling_grid
@@ -144,7 +146,11 @@ class LearnerCore:
         torch.set_num_threads(cfg.train.threads)
         self.cfg, self.share = cfg, share
         cfg.model.check_trainable()
-        path = resolve_path(cfg.model.pretrained)
+        if cfg.model.pretrained is None:
+            raise ConfigError("model.pretrained: a local pipeline directory is needed for training")
+        path = resolve_local_dir(
+            resolve_path(cfg.model.pretrained), "model.pretrained", required=("model_index.json",)
+        )
         self.sharded = share.sharded
         self.transformer = self._load_transformer(path)
         self.lora = cfg.model.lora is not None
@@ -338,7 +344,7 @@ class LearnerCore:
         sharded group a one-file checkpoint is read by rank 0 and broadcast)."""
         if is_sharded_checkpoint(path):
             if self.lora:
-                raise ValueError(
+                raise RunDirError(
                     f"{path}: a sharded full-weight checkpoint; this run is a LoRA run (model.lora)"
                 )
             meta = load_sharded(self.transformer, self.optimizer, path)
@@ -359,7 +365,7 @@ class LearnerCore:
         key = "lora" if self.lora else "transformer"
         if key not in state:
             kind = "a LoRA" if self.lora else "a full-weight"
-            raise ValueError(
+            raise RunDirError(
                 f"checkpoint holds {sorted(k for k in state if k in ('lora', 'transformer'))}; "
                 f"this run is {kind} run (model.lora) and needs {key!r}"
             )

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..common.config import G2RPOConfig
+from ..common.errors import ConfigError
 from ..common.flux_pipeline import FluxComponents
 from ..common.lora import add_lora
 from ..common.paths import resolve_path
@@ -102,7 +103,7 @@ class RolloutWorkerCore:
         torch.set_num_threads(cfg.train.threads)
         self.cfg, self.worker = cfg, worker
         if cfg.model.pretrained is None:
-            raise ValueError("model.pretrained: a local pipeline directory is needed for training")
+            raise ConfigError("model.pretrained: a local pipeline directory is needed for training")
         self.comps = FluxComponents.load(
             resolve_path(cfg.model.pretrained),
             dtype=cfg.model.rollout_weights_torch_dtype(),

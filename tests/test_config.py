@@ -92,6 +92,12 @@ def test_bad_files(tmp_path):
     scalar.write_text("3\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(scalar)
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00train: {}")
+    with pytest.raises(ConfigError, match="cannot read it"):
+        load_config(binary)
+    with pytest.raises(ConfigError, match=r"line 1, column \d+"):  # one line, where it is
+        load_config(None, ["sampling.sde_steps=[0,1"])
 
 
 @pytest.mark.parametrize(
