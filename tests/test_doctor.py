@@ -125,6 +125,16 @@ def test_a_failure_names_only_real_config_fields():
     assert field_of("precision", oom) == "train.learner.max_batch"
 
 
+def test_the_fields_the_doctor_and_the_plan_point_at_are_real():
+    from g2rpo.planning.doctor import OOM_FIELDS, PHASE_FIELDS, is_config_field
+    from g2rpo.planning.remedies import GPU_FIELDS
+
+    for text in [*PHASE_FIELDS.values(), *OOM_FIELDS.values(), *GPU_FIELDS.values()]:
+        for field in text.split(" / "):
+            assert is_config_field(field), field
+    assert not is_config_field("train.learner_max_batch")  # the flat name before the groups
+
+
 @pytest.mark.parametrize("bad", ["2", "a,b", "-1,0"])
 def test_doctor_refuses_bad_blocks(bad):
     proc = doctor("configs/tiny.yaml", "--random-weights", "tiny", "--blocks", bad)
