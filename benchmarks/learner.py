@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..common.config import LoraOptions
+from ..common.errors import UsageError
 from ..common.flops import count_flops, peak_tflops, utilisation
 from ..common.flux import (
     FluxVelocity,
@@ -63,7 +64,7 @@ def bench_learner(
     transitions. FLOPs (forward + backward) are counted by torch's flop counter."""
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda asked for, but torch sees no CUDA device")
+        raise UsageError("--device cuda asked for, but torch sees no CUDA device")
     size = size or ("flux" if dev.type == "cuda" else "bench")
     dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
     autocast = None if dtype == "float32" else torch.bfloat16

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..common.errors import UsageError
 from ..learner.ratio_check import ratio_before_update
 
 SETTINGS = {
@@ -62,16 +63,16 @@ def bench_precision(
     settings = settings or list(SETTINGS)
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
-        raise ValueError(f"settings {unknown}: choose from {sorted(SETTINGS)}")
+        raise UsageError(f"settings {unknown}: choose from {sorted(SETTINGS)}")
     if prompts < 1:
-        raise ValueError(f"prompts must be >= 1, got {prompts}")
+        raise UsageError(f"prompts must be >= 1, got {prompts}")
     base = [*(overrides or []), f"sampling.prompts_per_worker={prompts}"]
     if device is not None:
         base.append(f"model.device={device}")
     cfg = load_config(config, base)
     chosen = read_prompts(cfg.train.prompts, "train.prompts")[:prompts]
     if len(chosen) < prompts:
-        raise ValueError(f"prompts={prompts}, but train.prompts holds {len(chosen)}")
+        raise UsageError(f"prompts={prompts}, but train.prompts holds {len(chosen)}")
     clip = cfg.optim.clip_range
     out: dict[str, Any] = {
         "settings": {

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..common.errors import UsageError
 from ..common.flops import count_flops, peak_tflops, utilisation
 from ..common.flux import (
     FluxVelocity,
@@ -86,7 +87,7 @@ def bench_engine(
     """Run both execution modes and return the comparison as a JSON-able dict."""
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda asked for, but torch sees no CUDA device")
+        raise UsageError("--device cuda asked for, but torch sees no CUDA device")
     size = size or ("gpu" if dev.type == "cuda" else "bench")
     dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
@@ -96,7 +97,7 @@ def bench_engine(
     # 16 image tokens on CPU (the tiny world's size); 1024 (a 512² FLUX image) on GPU.
     latent_size = latent_size or (64 if dev.type == "cuda" else 8)
     if latent_size < 2 or latent_size % 2:
-        raise ValueError(f"--latent-size must be an even number >= 2, got {latent_size}")
+        raise UsageError(f"--latent-size must be an even number >= 2, got {latent_size}")
     repeats = repeats or (1 if quick else 3)
 
     transformer = build_tiny_flux(size, seed=seed, dtype=torch_dtype).to(dev)
@@ -105,9 +106,12 @@ def bench_engine(
     tokens = (latent_size // 2) ** 2
     gen = torch.Generator().manual_seed(seed)
     cond = {k: v.to(dev) for k, v in random_text_cond(cfg, num_prompts, gen).items()}
-    plan = g2rpo_plan(
-        num_prompts, num_steps, group_size, sde_steps, granularities, terminal=terminal
-    )
+    try:  # the tree's own checks, named as the options they came from
+        plan = g2rpo_plan(
+            num_prompts, num_steps, group_size, sde_steps, granularities, terminal=terminal
+        )
+    except ValueError as exc:
+        raise UsageError(f"--steps/--group-size/--sde-steps/--granularities: {exc}") from None
     init, sde = draw_noise(plan, (tokens, cfg["in_channels"]), gen)
     init, sde = init.to(dev), sde.to(dev)
     engine = RolloutEngine(

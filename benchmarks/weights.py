@@ -1,5 +1,5 @@
 """``g2rpo bench weights``: what publishing one weight version costs, by both
-transports of training (``train.weight_transport``): the object store (the learner
+transports of training (``train.weights.transport``): the object store (the learner
 takes its trained state and puts it once; every worker fetches it, verifies the
 checksum and loads it strictly into its transformer) and the collective (the
 learner packs it into buckets and broadcasts them over the weight group; every
@@ -17,8 +17,9 @@ import ray
 import torch
 
 from ..common.config import LoraOptions
+from ..common.errors import UsageError
 from ..common.flops import best_seconds
-from ..common.flux import build_tiny_flux, count_parameters
+from ..common.flux import build_tiny_flux, count_parameters, tiny_flux_config
 from ..common.lora import add_lora
 from ..common.net import free_address
 from ..common.weight_sync import WeightGroup, layout_of
@@ -163,10 +164,15 @@ def bench_weights(
     counts = [workers] if isinstance(workers, int) else list(workers)
     modes = modes or list(MODES)
     if not counts or min(counts) < 1:
-        raise ValueError(f"workers {counts}: every count must be >= 1")
+        raise UsageError(f"workers {counts}: every count must be >= 1")
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
-        raise ValueError(f"modes {unknown}: choose from {sorted(MODES)}")
+        raise UsageError(f"modes {unknown}: choose from {sorted(MODES)}")
+    for size in sizes:
+        try:
+            tiny_flux_config(size)
+        except ValueError as exc:
+            raise UsageError(f"--sizes: {exc}") from None
     started = not ray.is_initialized()
     if started:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")

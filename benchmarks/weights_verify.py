@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..common.errors import UsageError
 from ..common.flops import best_seconds
 from ..common.weights import state_nbytes, weights_checksum
 
@@ -50,9 +51,9 @@ def _sig(x: float) -> float:
 
 def bench_verification(gigabytes: float = 1.0, repeats: int = 3) -> dict[str, Any]:
     if gigabytes <= 0:
-        raise ValueError(f"--verify-gb {gigabytes}: must be > 0")
+        raise UsageError(f"--verify-gb {gigabytes}: must be > 0")
     if repeats < 1:
-        raise ValueError(f"--repeats {repeats}: must be >= 1")
+        raise UsageError(f"--repeats {repeats}: must be >= 1")
     out: dict[str, Any] = {
         "settings": {
             "verify_gb": gigabytes,

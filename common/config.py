@@ -13,12 +13,8 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .config_train import Section, TrainConfig
+from .errors import ConfigError
 from .paths import config_candidates, find_config
-
-
-class ConfigError(ValueError):
-    """A configuration problem, phrased for the user (field path + value + reason)."""
-
 
 FLUX_LORA_TARGETS = [
     "to_q",
@@ -117,13 +113,13 @@ class ModelConfig(Section):
                 raise ValueError(
                     "model.mixed_precision fsdp computes in model.dtype, which is float32: "
                     "there is nothing to mix (set model.dtype bfloat16, or use autocast; "
-                    "train.learners > 1 shards with FSDP2 either way)"
+                    "train.learner.count > 1 shards with FSDP2 either way)"
                 )
         return self
 
     def check_trainable(self) -> None:
         if self.dtype == "float16":
-            raise ValueError(
+            raise ConfigError(
                 "model.dtype float16: training needs loss scaling, which g2rpo does not do; "
                 "use bfloat16 (or float32)"
             )
@@ -291,13 +287,26 @@ class G2RPOConfig(Section):
         return v
 
     @model_validator(mode="after")
-    def _one_gpu_per_learner_rank(self) -> G2RPOConfig:
-        t = self.train
-        if self.model.device.startswith("cuda") and t.learners > 1 and t.learner_num_gpus < 1:
+    def _gpus_for_cuda(self) -> G2RPOConfig:
+        """A CUDA run's model-running actors each need a GPU from Ray, and the ranks of
+        a learner group a whole one each."""
+        device, t = self.model.device, self.train
+        if not device.startswith("cuda"):
+            return self
+        for path, kind in t.actor_kinds().items():
+            if kind.num_gpus <= 0:
+                also = " (or train.eval.on_actor: false)" if path == "train.eval" else ""
+                raise ValueError(
+                    f"model.device is {device} but {path}.num_gpus is {kind.num_gpus:g}: "
+                    "those actors would run the model on a GPU Ray did not reserve for them; "
+                    f"give each one ({path}.num_gpus: 1, or a fraction to share one){also}"
+                )
+        if t.learner.count > 1 and t.learner.num_gpus < 1:
             raise ValueError(
-                f"train.learner_num_gpus {t.learner_num_gpus} with train.learners {t.learners} "
-                "on CUDA: Ray may put two ranks of the learner group on one GPU, which NCCL "
-                "refuses; give each learner rank a whole GPU (learner_num_gpus: 1)"
+                f"train.learner.num_gpus {t.learner.num_gpus:g} with train.learner.count "
+                f"{t.learner.count} on CUDA (model.device {device}): Ray may put two ranks of "
+                "the learner group on one GPU, which NCCL refuses; give each learner rank a "
+                "whole GPU (train.learner.num_gpus: 1)"
             )
         return self
 
@@ -311,8 +320,25 @@ def _format_errors(err: ValidationError, data: dict[str, Any]) -> str:
         path = ".".join(str(p) for p in e["loc"])
         value = e.get("input")
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {path or '<root>'}: {e['msg']}{shown}")
+        # a validator's own message (ValueError) is phrased for the user already
+        own = e.get("ctx", {}).get("error") if e["type"] == "value_error" else None
+        msg = e["msg"] if own is None else str(own)
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        lines.append(f"  {path}: {msg}{shown}" if path else f"  {msg}")
+    if len(lines) == 1:  # one line for one problem
+        return "invalid configuration: " + lines[0].strip()
     return "invalid configuration:\n" + "\n".join(lines)
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: what the parser found and where."""
+    what = ": ".join(
+        str(part) for part in (getattr(exc, "context", None), getattr(exc, "problem", None)) if part
+    )
+    mark = getattr(exc, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return (what or " ".join(str(exc).split())) + where
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:
@@ -326,7 +352,9 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {key}: cannot parse value {raw!r}: {exc}") from None
+        raise ConfigError(
+            f"override {key}: cannot parse value {raw!r}: {yaml_problem(exc)}"
+        ) from None
     node = data
     for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
@@ -356,9 +384,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ConfigError(f"config file not found: {path} (looked at {tried})")
         path = found
         try:
-            loaded = yaml.safe_load(path.read_text())
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+            raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read it: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
         data = loaded or {}

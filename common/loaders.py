@@ -12,11 +12,9 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from .errors import ModelPathError  # raised here; importers find it here too
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-class ModelPathError(FileNotFoundError):
-    """A model directory that is missing or incomplete."""
 
 
 def resolve_local_dir(path: str | Path, what: str, required: Iterable[str] = ()) -> Path:

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from .config import G2RPOConfig, LoraOptions
+from .errors import ConfigError
 from .seeds import seed_for
 
 ADAPTER = "default"
@@ -40,7 +41,7 @@ def add_lora(transformer: torch.nn.Module, options: LoraOptions, seed: int) -> t
     except ValueError as exc:
         if "not found" not in str(exc):
             raise
-        raise ValueError(f"model.lora.target_modules {options.target_modules}: {exc}") from None
+        raise ConfigError(f"model.lora.target_modules {options.target_modules}: {exc}") from None
     # adapters on a bf16/fp16 base are created in its dtype; they train in fp32
     from peft.tuners.tuners_utils import cast_adapter_dtype
 

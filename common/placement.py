@@ -17,7 +17,3 @@ def where_am_i() -> dict:
         "pid": os.getpid(),
         "resources": {k: v for k, v in ctx.get_assigned_resources().items() if v},
     }
-
-
-def actor_options(num_cpus: float, num_gpus: float, resources: dict[str, float]) -> dict:
-    return {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": dict(resources)}

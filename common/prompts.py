@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import ConfigError
+
 SHAPES_SPLITS = ("shapes:train", "shapes:held_out")
 
 
@@ -18,10 +20,10 @@ def read_prompts(spec: str, field: str) -> list[str]:
         return [s.prompt for s in (train if spec == "shapes:train" else held)]
     path = Path(spec)
     if not path.is_file():
-        raise ValueError(f"{field}: {spec!r} is neither {' nor '.join(SHAPES_SPLITS)} nor a file")
+        raise ConfigError(f"{field}: {spec!r} is neither {' nor '.join(SHAPES_SPLITS)} nor a file")
     lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
     if not lines:
-        raise ValueError(f"{field}: {spec} holds no prompts")
+        raise ConfigError(f"{field}: {spec} holds no prompts")
     return lines
 
 

@@ -1,4 +1,4 @@
-"""Weight broadcast over a process group of its own (``train.weight_transport:
+"""Weight broadcast over a process group of its own (``train.weights.transport:
 collective``), without Ray: learner rank 0 is rank 0 here, the rollout workers
 ranks 1..W. The weights travel as a few flat buckets per dtype (one broadcast
 each) described by a ``Layout`` that the driver hands every worker beside the
@@ -152,7 +152,7 @@ class WeightGroup:
 
 
 class WeightGroupMember:
-    """Membership of the weight-broadcast group (``train.weight_transport:
+    """Membership of the weight-broadcast group (``train.weights.transport:
     collective``): learner rank 0 and every rollout worker. A restarted actor holds
     none, which is how the driver knows to form the group again."""
 

@@ -7,6 +7,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..common.errors import UsageError
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 
@@ -37,7 +39,7 @@ def check_page(
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        raise RuntimeError(
+        raise UsageError(
             "a screenshot needs playwright (pip install playwright) and a Chromium "
             "(apt-get install chromium, or `playwright install chromium`)"
         ) from None

@@ -17,6 +17,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..common.config import dump_config, load_config
+from ..common.errors import ConfigError, RunDirError, RunFailed
 from ..common.paths import resolve_path
 from ..run_directory.files import finished, read_metrics
 from .compare_spec import CompareSpec, PlannedRun, plan_runs
@@ -136,7 +137,7 @@ def train_runs(spec: CompareSpec, runs: list[PlannedRun], progress: bool = True)
     finally:
         bar.close()
     if failed:
-        raise RuntimeError("runs failed: " + "; ".join(failed))
+        raise RunFailed("runs failed: " + "; ".join(failed))
 
 
 def eval_settings(spec: CompareSpec, runs: list[PlannedRun]) -> EvalSettings:
@@ -256,7 +257,7 @@ def compare(spec: CompareSpec, *, progress: bool = True, train: bool = True) -> 
     runs = plan_runs(spec)
     bases = {run.config.model.pretrained for run in runs}
     if len(bases) > 1:
-        raise ValueError(f"every method must start from the same model.pretrained, got {bases}")
+        raise ConfigError(f"every method must start from the same model.pretrained, got {bases}")
     for run in runs:
         check_unchanged(run)
     spec.root.mkdir(parents=True, exist_ok=True)
@@ -268,7 +269,7 @@ def compare(spec: CompareSpec, *, progress: bool = True, train: bool = True) -> 
         print(f"not finished yet, left out: {', '.join(missing)}", file=sys.stderr)
     done = [r for r in runs if finished(r.run_dir) is not None]
     if not done:
-        raise RuntimeError("no finished runs to evaluate")
+        raise RunDirError("no finished runs to evaluate")
     evaluations = evaluate_runs(spec, done, progress)
     write_results(spec, done, evaluations)
     return spec.root

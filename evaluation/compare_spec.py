@@ -11,7 +11,13 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from ..common.config import ConfigError, G2RPOConfig, apply_override, load_config
+from ..common.config import (
+    ConfigError,
+    G2RPOConfig,
+    apply_override,
+    load_config,
+    yaml_problem,
+)
 from ..common.config_train import Section
 from ..common.paths import resolve_path
 
@@ -105,7 +111,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> CompareSp
     try:
         data: Any = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     for assignment in overrides or []:
@@ -125,7 +131,7 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
     budget = [f"run.nfe_budget={b.nfe}", "run.iterations=100000"] if b.nfe else []
     if b.iterations:
         budget = [f"run.iterations={b.iterations}", "run.nfe_budget=null"]
-    pinned = [f"train.checkpoint_at=[{b.also_at_iterations}]"] if b.also_at_iterations else []
+    pinned = [f"train.checkpoints.at=[{b.also_at_iterations}]"] if b.also_at_iterations else []
     runs = []
     for method, m in spec.methods.items():
         for seed in spec.seeds:

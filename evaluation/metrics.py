@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..common.errors import UsageError
 from ..common.stats import Interval, bootstrap_mean, paired_difference, per_prompt_means
 
 ORACLE = "shapes_oracle"
@@ -25,7 +26,7 @@ def make_scorers(specs: list[str], device: str = "cpu") -> dict:
     from ..reward_server.settings import ScorerSpec
 
     if not specs:
-        raise ValueError("--scorers: at least one scorer is needed")
+        raise UsageError("--scorers: at least one scorer is needed")
     out = {}
     for text in specs:
         spec = ScorerSpec.parse(text)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..common.config import G2RPOConfig, load_config
+from ..common.errors import RunDirError, UsageError
 from ..common.flux_pipeline import FluxComponents
 from ..common.loaders import ModelPathError
 from ..common.lora import attach_lora
@@ -82,7 +83,7 @@ def resolve_policy(
     if (path / "config.yaml").is_file():  # a run directory
         cfg = load_config(path / "config.yaml")
         if cfg.model.pretrained is None:
-            raise ValueError(f"{path}: the run's model.pretrained is empty; nothing to load")
+            raise RunDirError(f"{path}: the run's model.pretrained is empty; nothing to load")
         run_base = resolve_path(cfg.model.pretrained)
         base_dir = resolve_path(base) if base else run_base
         which = checkpoint or ("final" if (path / "final").exists() else "latest")
@@ -107,7 +108,7 @@ def resolve_policy(
     lora = _lora_file(path)
     if lora is not None:
         if base is None:
-            raise ValueError(f"{path} holds LoRA weights: pass --base PIPELINE_DIR to apply them")
+            raise UsageError(f"{path} holds LoRA weights: pass --base PIPELINE_DIR to apply them")
         return PolicySource(kind="lora", base=resolve_path(base), weights=lora, label=path.name)
     raise ModelPathError(
         f"eval target {str(path)!r} is neither a run directory (config.yaml), a diffusers "
@@ -162,10 +163,10 @@ def _load_checkpoint(comps: FluxComponents, path: Path, cfg: G2RPOConfig | None)
         from ..common.lora import load_adapter_state
 
         if cfg is None or cfg.model.lora is None:
-            raise ValueError(f"{path}: a LoRA checkpoint, but its run config has no model.lora")
+            raise RunDirError(f"{path}: a LoRA checkpoint, but its run config has no model.lora")
         attach_lora(comps.transformer, cfg)
         load_adapter_state(comps.transformer, state["lora"])
     elif "transformer" in state:
         comps.transformer.load_state_dict(state["transformer"])
     else:
-        raise ValueError(f"{path}: not a g2rpo checkpoint (no 'transformer' or 'lora' entry)")
+        raise RunDirError(f"{path}: not a g2rpo checkpoint (no 'transformer' or 'lora' entry)")

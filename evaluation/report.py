@@ -8,6 +8,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
+from ..common.errors import RunDirError
 from ..common.stats import paired_difference, per_prompt_means
 from ..run_directory.files import finished, iteration_of, read_evaluations, read_metrics
 
@@ -76,7 +77,7 @@ def run_context(run_dir: Path) -> dict:
 
     rows = read_metrics(run_dir)
     if not rows:
-        raise ValueError(f"{run_dir}: metrics.jsonl holds no iterations yet")
+        raise RunDirError(f"{run_dir}: metrics.jsonl holds no iterations yet")
     evaluations = read_evaluations(run_dir)
     final_evals = []
     for ev_dir in sorted(run_dir.glob("eval/*/eval.json")):
@@ -139,7 +140,7 @@ def write_report(directory: str | Path, out: str | Path | None = None) -> Path:
     elif (d / "metrics.jsonl").is_file():
         context = run_context(d)
     else:
-        raise ValueError(
+        raise RunDirError(
             f"{d}: neither a run directory (metrics.jsonl) nor a comparison (results.json)"
         )
     path = Path(out) if out else d / "report.html"

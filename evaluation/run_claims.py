@@ -1,54 +1,58 @@
-"""Which compare process trains a run: ``<run>/compare.lock`` holds its pid, so two
-compare processes on one comparison (more cores, or a second terminal) never train
-the same run at once. A lock whose process has died is taken over."""
+"""Which compare process trains a run: it holds an OS lock on ``<run>/compare.lock``
+(``filelock``: ``flock`` on Unix), so two compare processes on one comparison (more
+cores, or a second terminal) never train the same run at once. The operating system
+drops the lock when its process ends, however it ends, so a crashed holder never
+blocks the run; the file itself stays behind and means nothing unlocked."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 LOCK = "compare.lock"
 
-
-def _holder(run_dir: Path) -> int | None:
-    try:
-        return int((run_dir / LOCK).read_text().strip())
-    except (OSError, ValueError):
-        return None
+_held: dict[Path, FileLock] = {}  # the runs this process claimed, by resolved directory
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _key(run_dir: Path) -> Path:
+    return Path(run_dir).resolve()
 
 
-def held_elsewhere(run_dir: Path) -> bool:
-    """Another live process holds the run."""
-    pid = _holder(run_dir)
-    return pid is not None and pid != os.getpid() and _alive(pid)
+def _lock(run_dir: Path) -> FileLock:
+    return FileLock(Path(run_dir) / LOCK, thread_local=False)
 
 
 def claim(run_dir: Path) -> bool:
     """Take the run for this process; False while another live process holds it."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / LOCK
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        if held_elsewhere(run_dir):
-            return False
-        path.write_text(f"{os.getpid()}\n")  # stale: its process is gone
+    if _key(run_dir) in _held:
         return True
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{os.getpid()}\n")
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    lock = _lock(run_dir)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return False
+    _held[_key(run_dir)] = lock
     return True
 
 
+def held_elsewhere(run_dir: Path) -> bool:
+    """Another live process holds the run (asked by trying the lock, never waiting; a
+    claim that meets this probe is refused once and is tried again later)."""
+    if _key(run_dir) in _held or not (Path(run_dir) / LOCK).exists():
+        return False
+    probe = _lock(run_dir)
+    try:
+        probe.acquire(timeout=0)
+    except Timeout:
+        return True
+    probe.release()
+    return False
+
+
 def release(run_dir: Path) -> None:
-    if _holder(run_dir) == os.getpid():
-        (run_dir / LOCK).unlink(missing_ok=True)
+    """Let the run go (a run this process does not hold is left alone)."""
+    lock = _held.pop(_key(run_dir), None)
+    if lock is not None:
+        lock.release()

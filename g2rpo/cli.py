@@ -11,6 +11,7 @@ from g2rpo.cli_bench import add_bench_parsers
 from g2rpo.cli_evidence import add_evidence_parsers
 from g2rpo.cli_plan import add_doctor_parser, add_plan_parsers
 from g2rpo.cli_reward import add_reward_parsers
+from g2rpo.common.errors import UsageError
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -21,7 +22,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from g2rpo.orchestration.driver import read_metrics, train
 
     if args.config is None and args.resume is None:
-        raise ValueError("give --config FILE (e.g. configs/tiny.yaml) or --resume RUN_DIR")
+        raise UsageError("give --config FILE (e.g. configs/tiny.yaml) or --resume RUN_DIR")
     try:
         run_dir = train(
             args.config,
@@ -127,7 +128,7 @@ def _cmd_embed_prompts(args: argparse.Namespace) -> int:
     text = Path(args.prompts).read_text(encoding="utf-8")
     prompts = [line.strip() for line in text.splitlines() if line.strip()]
     if not prompts:
-        raise ValueError(f"--prompts {args.prompts}: no prompts in the file")
+        raise UsageError(f"--prompts {args.prompts}: no prompts in the file")
     comps = FluxComponents.load(args.pipeline)
     with torch.no_grad():
         embeds = comps.encode_prompts(prompts, args.max_sequence_length)
@@ -142,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="g2rpo", description="Granular-GRPO online RL for flow-matching text-to-image models"
     )
     parser.add_argument("--version", action="version", version=f"g2rpo {__version__}")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="(before the command) show an error's traceback instead of its one-line message",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     add_bench_parsers(sub)
@@ -196,20 +202,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+EXIT_ERROR = 2  # a problem the user can fix, told in one line (argparse's code too)
+
+
+def user_error(exc: BaseException) -> BaseException | None:
+    """The problem a user can fix that ``exc`` is, or carries from a Ray actor
+    (``RayTaskError.cause``): the project's own errors, a pydantic ValidationError of
+    a settings model, a file a command was given that is not there. None: a bug."""
     from pydantic import ValidationError
 
-    from g2rpo.common.config import ConfigError
+    from g2rpo.common.errors import G2RPOError
 
+    kinds = (G2RPOError, ValidationError, FileNotFoundError)
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, kinds):
+        return cause
+    return exc if isinstance(exc, kinds) else None
+
+
+def error_message(exc: BaseException) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        fields = [
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()
+        ]
+        return f"invalid {exc.title}: " + "; ".join(fields)
+    return str(exc)
+
+
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, ValueError, RuntimeError, OSError, ValidationError) as exc:
-        print(f"g2rpo: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("g2rpo: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        problem = user_error(exc)
+        if problem is None or args.debug:
+            raise  # a bug (or --debug): the traceback says where
+        print(f"g2rpo: error: {error_message(problem)}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -137,18 +137,14 @@ def _cmd_bench_weights(args: argparse.Namespace) -> int:
         return _cmd_bench_verification(args)
     from g2rpo.benchmarks.weights import bench_weights
 
-    try:
-        result = bench_weights(
-            sizes=args.sizes.split(","),
-            workers=args.workers,
-            lora_rank=args.lora_rank,
-            repeats=args.repeats,
-            device=args.device,
-            modes=args.modes.split(","),
-        )
-    except ValueError as exc:
-        print(f"g2rpo bench weights: {exc}", file=sys.stderr)
-        return 2
+    result = bench_weights(
+        sizes=args.sizes.split(","),
+        workers=args.workers,
+        lora_rank=args.lora_rank,
+        repeats=args.repeats,
+        device=args.device,
+        modes=args.modes.split(","),
+    )
     if args.json:
         print(json.dumps(result))
         return 0
@@ -170,11 +166,7 @@ def _cmd_bench_weights(args: argparse.Namespace) -> int:
 def _cmd_bench_verification(args: argparse.Namespace) -> int:
     from g2rpo.benchmarks.weights_verify import bench_verification
 
-    try:
-        result = bench_verification(args.verify_gb, args.repeats)
-    except ValueError as exc:
-        print(f"g2rpo bench weights: {exc}", file=sys.stderr)
-        return 2
+    result = bench_verification(args.verify_gb, args.repeats)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -193,17 +185,13 @@ def _cmd_bench_verification(args: argparse.Namespace) -> int:
 def _cmd_bench_precision(args: argparse.Namespace) -> int:
     from g2rpo.benchmarks.precision import bench_precision
 
-    try:
-        result = bench_precision(
-            args.config,
-            args.set,
-            settings=args.settings.split(",") if args.settings else None,
-            prompts=args.prompts,
-            device=args.device,
-        )
-    except ValueError as exc:  # a ConfigError too
-        print(f"g2rpo bench precision: {exc}", file=sys.stderr)
-        return 2
+    result = bench_precision(
+        args.config,
+        args.set,
+        settings=args.settings.split(",") if args.settings else None,
+        prompts=args.prompts,
+        device=args.device,
+    )
     if args.json:
         print(json.dumps(result))
         return 0

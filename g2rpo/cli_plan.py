@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from g2rpo.common.errors import UsageError
+
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from g2rpo.common.config import load_config
@@ -33,7 +35,7 @@ def add_plan_parsers(sub) -> None:
         "--gpu-memory",
         default=None,
         metavar="SIZE",
-        help="memory of one GPU, e.g. 80GiB or 141 (default: train.gpu_memory_gib)",
+        help="memory of one GPU, e.g. 80GiB or 141 (default: train.memory.gpu_memory_gib)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
@@ -65,7 +67,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
             double, single = (int(x) for x in args.blocks.split(","))
         except ValueError:
             msg = f"--blocks: expected DOUBLE,SINGLE such as 2,4, got {args.blocks!r}"
-            raise ValueError(msg) from None
+            raise UsageError(msg) from None
         blocks = (double, single)
     with tempfile.TemporaryDirectory(prefix="g2rpo-doctor-", dir=args.work_dir) as tmp:
         if args.random_weights is not None:
@@ -74,7 +76,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
             )
             cfg = random_weights_config(cfg, Path(tmp), args.random_weights, blocks)
         elif blocks is not None:
-            raise ValueError("--blocks needs --random-weights")
+            raise UsageError("--blocks needs --random-weights")
         rep = run_doctor(cfg, args.config, args.scorers or None, progress=not args.json)
     if args.json:
         print(json.dumps(rep.model_dump(), indent=2))

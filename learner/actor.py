@@ -25,7 +25,7 @@ class Learner(WeightGroupMember):
         from .staged_versions import StagedVersions, versions_kept
 
         # rank 0, collective transport: the versions a worker may still load
-        self._staged = StagedVersions(versions_kept(self.cfg.train.staleness))
+        self._staged = StagedVersions(versions_kept(self.cfg.train.weights.staleness))
 
     @property
     def core(self):
@@ -71,7 +71,7 @@ class Learner(WeightGroupMember):
 
         return where_am_i()
 
-    # -- train.weight_transport: collective (rank 0 of the broadcast group)
+    # -- train.weights.transport: collective (rank 0 of the broadcast group)
     def stage_weights(self) -> PublishedWeights | None:
         """Every rank takes part (gathering); rank 0 keeps the version for the
         broadcast (and an object-store fallback) and returns its layout; other ranks

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from ..common.errors import RunDirError
+
 SHARDED_SUFFIX = ".dcp"
 PARTIAL = ".partial"
 META = "g2rpo.json"
@@ -90,7 +92,7 @@ def load_sharded(transformer, optimizer, directory: str | Path) -> dict:
 
     directory = Path(directory)
     if not (directory / META).is_file():
-        raise ValueError(f"{directory}: an incomplete sharded checkpoint (no {META})")
+        raise RunDirError(f"{directory}: an incomplete sharded checkpoint (no {META})")
     meta = json.loads((directory / META).read_text())
     model, optim = get_state_dict(transformer, optimizer, options=_options())
     with _quiet_single_process():

@@ -1,4 +1,4 @@
-"""The learner group as the driver sees it: ``train.learners`` Learner actors that
+"""The learner group as the driver sees it: ``train.learner.count`` Learner actors that
 act as one. Every call goes to every rank (sharded weights are gathered, gradients
 and statistics reduced, checkpoints written by all of them together) and the
 group's answer is rank 0's. A rank that fails fails the call at once, naming it,
@@ -38,7 +38,7 @@ class LearnerRankDied(RuntimeError):
 class LearnerGroup:
     def __init__(self, cfg: G2RPOConfig, options: dict) -> None:
         self.cfg = cfg
-        n, cfg_dict = cfg.train.learners, cfg.model_dump(mode="json")
+        n, cfg_dict = cfg.train.learner.count, cfg.model_dump(mode="json")
         self.ranks = [Learner.options(**options).remote(cfg_dict, r, n) for r in range(n)]
 
     @property

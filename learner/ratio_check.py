@@ -11,7 +11,7 @@ def ratio_before_update(learner, transitions, cond) -> torch.Tensor:
     """exp(log π_learner − log π_rollout) of every recorded SDE step, before any
     update (float64, CPU): 1 up to what the two sides compute differently. As in
     training, the conditioning moves to the learner's device and the states follow
-    in chunks of ``train.learner_max_batch`` distinct states."""
+    in chunks of ``train.learner.max_batch`` distinct states."""
     from .distributed import SINGLE
     from .grpo import recompute_log_probs
 
@@ -21,7 +21,7 @@ def ratio_before_update(learner, transitions, cond) -> torch.Tensor:
     rows = torch.arange(len(tr))
     ratios = torch.empty(len(tr), dtype=torch.float64)
     with torch.no_grad():
-        for chunk in SINGLE.chunks(rows, tr.state_index, learner.cfg.train.learner_max_batch):
+        for chunk in SINGLE.chunks(rows, tr.state_index, learner.cfg.train.learner.max_batch):
             lp, _, _ = recompute_log_probs(learner.velocity, tr, chunk, cond, learner.spec)
             ratios[chunk] = torch.exp(lp.double().cpu() - tr.old_log_probs[chunk].double())
     return ratios

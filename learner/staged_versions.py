@@ -8,7 +8,7 @@ import ray
 
 def versions_kept(staleness: int) -> int:
     """The versions learner rank 0 must still be able to hand out: the newest, and
-    with overlapped iterations (``train.staleness >= 1``) the one the rollout in
+    with overlapped iterations (``train.weights.staleness >= 1``) the one the rollout in
     flight was started with, which a worker restarted during it reloads
     (``driver.collect_rollout``). The driver overlaps one iteration at most, whatever
     the bound, so no older version is ever asked for."""

@@ -10,8 +10,10 @@ import torch
 
 from ..common.advantages import advantage_shares
 from ..common.config import G2RPOConfig
+from ..common.errors import ConfigError, RunDirError
 from ..common.flux import FluxVelocity
 from ..common.flux_pipeline import latent_size
+from ..common.loaders import resolve_local_dir
 from ..common.lora import BaseModelVelocity, adapter_state, attach_lora, load_adapter_state
 from ..common.paths import resolve_path
 from ..common.schedules import sampling_grid
@@ -92,7 +94,7 @@ def merge(batches: list[Trajectories]) -> tuple[Transitions, dict[str, torch.Ten
 def uses_process_group(cfg: G2RPOConfig) -> bool:
     """Learners form a torch.distributed group: several of them, or one whose
     transformer FSDP2 computes in mixed precision."""
-    return cfg.train.learners > 1 or cfg.model.mixed_precision == "fsdp"
+    return cfg.train.learner.count > 1 or cfg.model.mixed_precision == "fsdp"
 
 
 def sharded_learner(cfg: G2RPOConfig) -> bool:
@@ -104,12 +106,13 @@ def sharded_learner(cfg: G2RPOConfig) -> bool:
 def learner_share(cfg: G2RPOConfig, rank: int) -> RankShare:
     """Rank ``rank``'s part of the group: FSDP2 shards for a full fine-tune in a
     group, data-parallel replicas for LoRA, the whole update for one learner."""
-    return RankShare(rank, cfg.train.learners, sharded=sharded_learner(cfg))
+    return RankShare(rank, cfg.train.learner.count, sharded=sharded_learner(cfg))
 
 
 def single_rank(cfg: G2RPOConfig) -> G2RPOConfig:
-    """``cfg`` for one learner: it holds what ``train.learners`` ranks would share."""
-    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"learners": 1})})
+    """``cfg`` for one learner: it holds what ``train.learner.count`` ranks would share."""
+    learner = cfg.train.learner.model_copy(update={"count": 1})
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"learner": learner})})
 
 
 @contextmanager
@@ -140,10 +143,14 @@ class LearnerCore:
     def __init__(self, cfg: G2RPOConfig, share: RankShare = SINGLE) -> None:
         from diffusers import AutoencoderKL
 
-        torch.set_num_threads(cfg.train.worker_threads)
+        torch.set_num_threads(cfg.train.threads)
         self.cfg, self.share = cfg, share
         cfg.model.check_trainable()
-        path = resolve_path(cfg.model.pretrained)
+        if cfg.model.pretrained is None:
+            raise ConfigError("model.pretrained: a local pipeline directory is needed for training")
+        path = resolve_local_dir(
+            resolve_path(cfg.model.pretrained), "model.pretrained", required=("model_index.json",)
+        )
         self.sharded = share.sharded
         self.transformer = self._load_transformer(path)
         self.lora = cfg.model.lora is not None
@@ -256,7 +263,7 @@ class LearnerCore:
         return self.version, state, weights_checksum(state)
 
     def update(self, batches: list[Trajectories]) -> dict:
-        bound = self.cfg.train.staleness
+        bound = self.cfg.train.weights.staleness
         for b in batches:
             if self.version - b.version > bound:
                 raise StaleTrajectories(
@@ -294,7 +301,7 @@ class LearnerCore:
             reference_model=self.reference,
             kl_beta=self.kl_beta,
             share=self.share,
-            max_batch=self.cfg.train.learner_max_batch,
+            max_batch=self.cfg.train.learner.max_batch,
         ).as_dict()
         self.version += 1
         self.iteration += 1
@@ -337,7 +344,7 @@ class LearnerCore:
         sharded group a one-file checkpoint is read by rank 0 and broadcast)."""
         if is_sharded_checkpoint(path):
             if self.lora:
-                raise ValueError(
+                raise RunDirError(
                     f"{path}: a sharded full-weight checkpoint; this run is a LoRA run (model.lora)"
                 )
             meta = load_sharded(self.transformer, self.optimizer, path)
@@ -358,7 +365,7 @@ class LearnerCore:
         key = "lora" if self.lora else "transformer"
         if key not in state:
             kind = "a LoRA" if self.lora else "a full-weight"
-            raise ValueError(
+            raise RunDirError(
                 f"checkpoint holds {sorted(k for k in state if k in ('lora', 'transformer'))}; "
                 f"this run is {kind} run (model.lora) and needs {key!r}"
             )

@@ -13,7 +13,6 @@ from pathlib import Path
 import ray
 
 from ..common.config import G2RPOConfig
-from ..common.placement import actor_options
 from ..learner.group import LearnerGroup
 from ..reward_server.replicas import RewardSource
 from ..rollout_worker.actor import RolloutWorker
@@ -25,7 +24,7 @@ class RunActors:
     learner: LearnerGroup | None = None
     workers: list = field(default_factory=list)
     rewards: RewardSource | None = None
-    evaluator: object = None  # train.eval_actor: a worker that only evaluates
+    evaluator: object = None  # train.eval.on_actor: a worker that only evaluates
 
     def stop(self) -> None:
         if self.rewards is not None:
@@ -93,36 +92,36 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
                 object_store_memory=512 * 2**20,
             )
     t, r, cfg_dict = cfg.train, cfg.train.reward, cfg.model_dump(mode="json")
-    learner_opts = actor_options(t.learner_num_cpus, t.learner_num_gpus, t.learner_resources)
-    worker_opts = actor_options(t.worker_num_cpus, t.worker_num_gpus, t.worker_resources)
-    eval_opts = actor_options(t.eval_num_cpus, t.eval_num_gpus, t.eval_resources)
+    learner_opts = t.learner.ray_options()
+    worker_opts = t.workers.ray_options()
+    eval_opts = t.eval.ray_options()
     actors = RunActors()
     try:
         actors.rewards = RewardSource(cfg, redis_url)
         actors.learner = LearnerGroup(cfg, learner_opts)
         actors.workers = [
-            RolloutWorker.options(**worker_opts).remote(cfg_dict, i) for i in range(t.workers)
+            RolloutWorker.options(**worker_opts).remote(cfg_dict, i) for i in range(t.workers.count)
         ]
         groups = []
-        if t.eval_actor:  # a worker of its own that only evaluates (index -1: no rollouts)
+        if t.eval.on_actor:  # a worker of its own that only evaluates (index -1: no rollouts)
             actors.evaluator = RolloutWorker.options(**eval_opts).remote(cfg_dict, -1)
             groups.append(
-                ("train.eval_num_cpus/eval_num_gpus/eval_resources", [actors.evaluator], eval_opts)
+                ("train.eval (num_cpus/num_gpus/resources)", [actors.evaluator], eval_opts)
             )
         wait_placed(
             [
                 (
                     "train.reward (num_cpus/num_gpus/resources)",
                     actors.rewards.replicas,
-                    actor_options(r.num_cpus, r.num_gpus, r.resources),
+                    r.ray_options(),
                 ),
                 (
-                    "train.learner_num_cpus/learner_num_gpus/learner_resources",
+                    "train.learner (num_cpus/num_gpus/resources)",
                     actors.learner.ranks,
                     learner_opts,
                 ),
                 (
-                    "train.worker_num_cpus/worker_num_gpus/worker_resources",
+                    "train.workers (num_cpus/num_gpus/resources)",
                     actors.workers,
                     worker_opts,
                 ),

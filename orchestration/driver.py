@@ -4,7 +4,7 @@ are configured). Each iteration runs the algorithm's phases in order:
 
     publish → evaluate (started; runs beside the rollout) → roll out → learn → record
 
-With ``train.staleness >= 1`` the next iteration's rollout runs beside the update
+With ``train.weights.staleness >= 1`` the next iteration's rollout runs beside the update
 instead (``overlapped_iteration``): roll out it+1 on v_it ‖ learn it → publish v_it+1.
 
 Everything an iteration draws is a pure function of (seed, iteration, worker), so
@@ -20,6 +20,7 @@ import ray
 from tqdm.auto import tqdm
 
 from ..common.config import G2RPOConfig
+from ..common.errors import RunFailed
 from ..common.prompts import prompts_for, read_prompts
 from ..learner.trainer import sharded_learner
 from ..planning.check import refuse_misfit
@@ -67,14 +68,14 @@ class TrainingLoop:
     run_dir: Path
     actors: RunActors
     train_prompts: list[str]
-    eval_prompts: list[str]  # each eval prompt repeated train.eval_per_prompt times
+    eval_prompts: list[str]  # each eval prompt repeated train.eval.per_prompt times
     budget: Budget = field(init=False)
     publisher: object = field(init=False)
     first_eval: dict | None = None
     last_eval_nfe: int | None = None
     exporter: object = None
     status: object = None
-    next_rollout: PendingRollout | None = None  # staleness >= 1: started beside the update
+    next_rollout: PendingRollout | None = None  # weights.staleness >= 1: started beside the update
     published: Published | None = None
     learner_restarts: int = 0  # learner groups formed again in this run (recovery.py)
 
@@ -85,12 +86,12 @@ class TrainingLoop:
     # ------------------------------------------------------------------ phases
     def publish(self) -> Published:
         """The learner's current weights to every rollout worker, by object store or
-        broadcast (``train.weight_transport``); each verifies version and checksum."""
+        broadcast (``train.weights.transport``); each verifies version and checksum."""
         self.actors.rewards.refresh(timeout=self.cfg.train.placement_timeout_s)
         return self.publisher.publish()
 
     def evaluate(self, it: int, weights: Published, last: bool) -> PendingEval | None:
-        """Start the held-out evaluation of the published weights (every eval_every
+        """Start the held-out evaluation of the published weights (every train.eval.every
         iterations and at the last one); it runs on the evaluator while the workers
         roll out. Without an evaluator it runs on worker 0 before the rollout."""
         t = self.cfg.train
@@ -99,13 +100,13 @@ class TrainingLoop:
         actor = self.actors.evaluator or self.actors.workers[0]
         if self.actors.evaluator is not None:
             weights.load_on(actor)  # actor calls run in order: no wait needed
-        ref = actor.evaluate.remote(self.eval_prompts, t.eval_seed, self.actors.rewards.endpoints())
+        ref = actor.evaluate.remote(self.eval_prompts, t.eval.seed, self.actors.rewards.endpoints())
         return PendingEval(it, actor, weights, ref, self.budget.total)
 
     def eval_due(self, it: int) -> bool:
-        every = self.cfg.train.eval_every_nfe
+        every = self.cfg.train.eval.every_nfe
         if every is None:
-            return it % self.cfg.train.eval_every == 0
+            return it % self.cfg.train.eval.every == 0
         return self.last_eval_nfe is None or self.budget.total - self.last_eval_nfe >= every
 
     def collect_evaluation(self, pending: PendingEval | None) -> dict:
@@ -122,11 +123,11 @@ class TrainingLoop:
             def redo(actor):
                 ray.get(pending.weights.load_on(actor))
                 return actor.evaluate.remote(
-                    self.eval_prompts, self.cfg.train.eval_seed, self.actors.rewards.endpoints()
+                    self.eval_prompts, self.cfg.train.eval.seed, self.actors.rewards.endpoints()
                 )
 
             samples = call_with_restart(redo, pending.actor)
-        per_prompt = self.cfg.train.eval_per_prompt
+        per_prompt = self.cfg.train.eval.per_prompt
         values = pass_from_scores(samples.scores)
         record = {
             "iteration": pending.iteration,
@@ -163,10 +164,10 @@ class TrainingLoop:
 
     def collect_rollout(self, pending: PendingRollout) -> list:
         """The workers' trajectories. A worker that died, or whose share is not back
-        within ``train.rollout_timeout_s`` (then it is killed), is restarted by Ray,
+        within ``train.workers.rollout_timeout_s`` (then it is killed), is restarted by Ray,
         loads the weights the rollout was started with and redoes its share once; the
         late result is never used, so no trajectory is trained twice or lost."""
-        timeout = self.cfg.train.rollout_timeout_s
+        timeout = self.cfg.train.workers.rollout_timeout_s
         results = []
         for i, ref in enumerate(pending.refs):
             worker, redone = self.actors.workers[i], []
@@ -180,9 +181,9 @@ class TrainingLoop:
             try:
                 results.append(get_or_redo(ref, redo, worker, timeout))
             except ray.exceptions.GetTimeoutError:
-                raise RuntimeError(
+                raise RunFailed(
                     f"rollout worker {i} did not finish iteration {pending.iteration}'s share "
-                    f"within train.rollout_timeout_s={timeout} s, twice"
+                    f"within train.workers.rollout_timeout_s={timeout} s, twice"
                 ) from None
             newest = self.published
             if redone and newest is not None and newest.version != pending.weights.version:
@@ -214,7 +215,7 @@ class TrainingLoop:
 
     # ------------------------------------------------------------------ the loop
     def iteration(self, it: int, last: bool) -> dict:
-        if self.cfg.train.staleness >= 1:
+        if self.cfg.train.weights.staleness >= 1:
             return self.overlapped_iteration(it, last)
         clock = PhaseClock()
         with clock.phase("publish"):
@@ -235,7 +236,7 @@ class TrainingLoop:
         return self.summary(it, weights, batches, stats, evaluation, clock)
 
     def overlapped_iteration(self, it: int, last: bool) -> dict:
-        """``train.staleness >= 1``: iteration it+1's rollout runs on the weights the
+        """``train.weights.staleness >= 1``: iteration it+1's rollout runs on the weights the
         workers hold (v_it) while the learner updates on iteration it's batch; the new
         weights are published behind that rollout. Every batch is learned one version
         late (``weight_lag`` 1), which the PPO ratio against the recorded log-probs
@@ -304,7 +305,7 @@ class TrainingLoop:
                 stop = done == end or self.budget.exhausted()
                 self.record(row, stop)
                 t = self.cfg.train
-                if done % t.checkpoint_every == 0 or stop or done in t.checkpoint_at:
+                if done % t.checkpoints.every == 0 or stop or done in t.checkpoints.at:
                     self.checkpoint(done)
                 bar.set_postfix(progress_fields(row, self.cfg))
                 if stop:
@@ -334,8 +335,8 @@ def train(
     refuse_misfit(cfg)  # a CUDA run that `g2rpo plan` says cannot fit stops here
     t = cfg.train
     train_prompts = read_prompts(t.prompts, "train.prompts")
-    eval_prompts = read_prompts(t.eval_prompts, "train.eval_prompts")[: t.eval_samples]
-    eval_prompts = [p for p in eval_prompts for _ in range(t.eval_per_prompt)]
+    eval_prompts = read_prompts(t.eval.prompts, "train.eval.prompts")[: t.eval.samples]
+    eval_prompts = [p for p in eval_prompts for _ in range(t.eval.per_prompt)]
     actors = start_actors(cfg, redis_url)
     try:
         loop = TrainingLoop(cfg, run_dir, actors, train_prompts, eval_prompts)

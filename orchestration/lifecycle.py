@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..common.config import G2RPOConfig, dump_config, load_config
+from ..common.errors import ConfigError, RunDirError
 from ..run_directory.files import (
     CKPT,
     export_final,
@@ -21,12 +22,12 @@ def open_run(config, overrides, resume) -> tuple[G2RPOConfig, Path]:
     if resume is not None:
         run_dir = Path(resume)
         if not (run_dir / "config.yaml").is_file():
-            raise ValueError(f"--resume {run_dir}: no config.yaml there (not a run directory)")
+            raise RunDirError(f"--resume {run_dir}: no config.yaml there (not a run directory)")
         return load_config(run_dir / "config.yaml", overrides), run_dir
     cfg = load_config(config, overrides)
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     if (run_dir / "metrics.jsonl").exists():
-        raise ValueError(
+        raise RunDirError(
             f"{run_dir} already holds a run: pass --resume {run_dir} or another run.name"
         )
     (run_dir / CKPT).mkdir(parents=True, exist_ok=True)
@@ -40,7 +41,7 @@ def resume_point(loop) -> int:
     ckpt = latest_checkpoint(run_dir)
     start = loop.actors.learner.load(str(ckpt)) if ckpt is not None else 0
     if start > cfg.run.iterations:
-        raise ValueError(
+        raise ConfigError(
             f"run.iterations={cfg.run.iterations}: the run's checkpoint is already at "
             f"iteration {start}; resume with --set run.iterations=N for N >= {start}"
         )
@@ -56,10 +57,10 @@ def resume_point(loop) -> int:
 
 
 def attach_telemetry(loop) -> None:
-    if loop.cfg.train.metrics_port is not None:
+    if loop.cfg.train.metrics.port is not None:
         from .telemetry import TrainingExporter
 
-        loop.exporter = TrainingExporter(loop.cfg.train.metrics_port, loop.cfg.train.metrics_host)
+        loop.exporter = TrainingExporter(loop.cfg.train.metrics.port, loop.cfg.train.metrics.host)
         (loop.run_dir / "metrics_port").write_text(f"{loop.exporter.port}\n")
     if loop.actors.rewards.redis_url:
         from .telemetry import RedisStatus

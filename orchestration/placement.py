@@ -9,9 +9,10 @@ import time
 import ray
 
 from ..common.config import G2RPOConfig
+from ..common.errors import G2RPOError
 
 
-class PlacementError(RuntimeError):
+class PlacementError(G2RPOError, RuntimeError):
     """An actor the cluster did not place in time; names the config fields."""
 
 
@@ -21,24 +22,17 @@ def local_cluster_resources(cfg: G2RPOConfig, redis_url: str | None = None) -> d
     a cluster (custom node labels included) runs unchanged on a laptop. GPUs are
     left to Ray's detection: asking for a GPU the laptop lacks must fail."""
     t, r = cfg.train, cfg.train.reward
-    replicas = r.job_replicas(redis_url)
-    evaluators = int(t.eval_actor)
-    cpus = (
-        t.workers * t.worker_num_cpus
-        + t.learners * t.learner_num_cpus
-        + replicas * r.num_cpus
-        + evaluators * t.eval_num_cpus
+    counted = (
+        (t.workers.count, t.workers),
+        (t.learner.count, t.learner),
+        (int(t.eval.on_actor), t.eval),
+        (r.job_replicas(redis_url), r),
     )
+    cpus = sum(count * kind.num_cpus for count, kind in counted)
     custom: dict[str, float] = {}
-    for count, res in (
-        (t.workers, t.worker_resources),
-        (t.learners, t.learner_resources),
-        (evaluators, t.eval_resources),
-    ):
-        for name, amount in res.items():
+    for count, kind in counted:
+        for name, amount in kind.resources.items():
             custom[name] = custom.get(name, 0.0) + count * amount
-    for name, amount in r.resources.items():
-        custom[name] = custom.get(name, 0.0) + replicas * amount
     # a node declares whole units (Ray refuses 2.5); actors may still ask fractions
     whole = {name: float(math.ceil(amount)) for name, amount in custom.items()}
     return {"num_cpus": max(2, math.ceil(cpus)), "resources": whole}

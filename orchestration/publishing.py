@@ -1,4 +1,4 @@
-"""Publishing a weight version to the rollout workers, by ``train.weight_transport``:
+"""Publishing a weight version to the rollout workers, by ``train.weights.transport``:
 
 * ``object_store``: learner rank 0 puts the version once into Ray's object store
   and every worker fetches it;
@@ -8,7 +8,7 @@
   (a worker died in it) falls back to the object store for that version.
 
 Either way every worker verifies the version and checksum it loaded, and a worker
-that dies or is stuck past ``train.rollout_timeout_s`` is restarted by Ray and loads
+that dies or is stuck past ``train.workers.rollout_timeout_s`` is restarted by Ray and loads
 the version from the object store. The evaluator always loads from the object store
 (off the critical path, and only when it evaluates)."""
 
@@ -90,7 +90,7 @@ class BroadcastFailed(RuntimeError):
 
 class CollectivePublisher:
     def __init__(self, actors: RunActors, timeout: float | None) -> None:
-        # ``timeout`` (train.rollout_timeout_s) bounds a whole publish, as on the
+        # ``timeout`` (train.workers.rollout_timeout_s) bounds a whole publish, as on the
         # object-store path; a dead peer inside a collective is caught sooner, by the
         # group's own per-operation timeout (train.collective_timeout_s)
         self.actors, self.timeout = actors, timeout
@@ -167,6 +167,6 @@ class CollectivePublisher:
 
 def publisher_for(actors: RunActors, cfg):
     t = cfg.train
-    if t.weight_transport == "collective":
-        return CollectivePublisher(actors, t.rollout_timeout_s)
-    return ObjectStorePublisher(actors, t.rollout_timeout_s)
+    if t.weights.transport == "collective":
+        return CollectivePublisher(actors, t.workers.rollout_timeout_s)
+    return ObjectStorePublisher(actors, t.workers.rollout_timeout_s)

@@ -7,7 +7,7 @@ metrics.jsonl and the evaluations after it are dropped, the NFE budget and the
 first evaluation restored), and the loop goes on from there. Everything an
 iteration draws is a pure function of (seed, iteration, worker) and a checkpoint
 loads exactly, so the run reproduces the uninterrupted one; at most
-``train.checkpoint_every`` iterations are redone. One failure more than
+``train.checkpoints.every`` iterations are redone. One failure more than
 ``run.max_failures`` in a session stops the run with a line that says how to
 resume it. Each recovery is counted in the rows (``learner_restarts``, from the
 first recovery on, over the whole run) and described in ``learner_failures.jsonl``.
@@ -23,7 +23,6 @@ import time
 
 import ray
 
-from ..common.placement import actor_options
 from ..learner.group import LearnerGroup, LearnerRankDied
 from ..run_directory.files import read_metrics
 from .budget import Budget
@@ -71,12 +70,12 @@ def reform(loop, died: LearnerRankDied) -> int:
     cfg, t, run_dir = loop.cfg, loop.cfg.train, loop.run_dir
     rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
     loop.actors.learner.kill()  # already stopped; kill is idempotent
-    options = actor_options(t.learner_num_cpus, t.learner_num_gpus, t.learner_resources)
+    options = t.learner.ray_options()
     loop.actors.learner = LearnerGroup(cfg, options)  # stopped with the run's actors
     wait_placed(
         [
             (
-                "train.learner_num_cpus/learner_num_gpus/learner_resources",
+                "train.learner (num_cpus/num_gpus/resources)",
                 loop.actors.learner.ranks,
                 options,
             )

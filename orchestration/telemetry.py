@@ -10,6 +10,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from ..common.errors import RunDirError, UsageError
+
 STATUS_KEY = "g2rpo:runs:{name}"
 STREAM_KEY = "g2rpo:runs:{name}:metrics"
 MAXLEN = 100_000  # rows a run's stream keeps
@@ -193,13 +195,13 @@ def read_status(run: str | None, redis_url: str | None) -> dict:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             run_dir = _run_dir_of(run)
             if run_dir is None:
-                raise ValueError(
+                raise RunDirError(
                     f"Redis at {redis_url} did not answer ({exc}); give the run directory "
                     "to read the run's state from its files"
                 ) from None
             return {**_disk_status(run_dir), "redis_error": f"{redis_url}: {exc}"}
     if run is None:
-        raise ValueError("give a run directory (e.g. runs/tiny) or --redis-url")
+        raise UsageError("give a run directory (e.g. runs/tiny) or --redis-url")
     return _disk_status(Path(run))
 
 
@@ -216,7 +218,7 @@ def _redis_status(run: str | None, redis_url: str) -> dict:
         return {"runs": [k.split(":", 2)[2] for k in keys]}
     raw = client.get(STATUS_KEY.format(name=run))
     if raw is None:
-        raise ValueError(f"no run {run!r} in {redis_url}")
+        raise RunDirError(f"no run {run!r} in {redis_url}")
     status = json.loads(raw)
     status["iterations_in_stream"] = client.xlen(STREAM_KEY.format(name=run))
     return status
@@ -235,7 +237,7 @@ def _run_dir_of(run: str | None) -> Path | None:
 def _disk_status(run_dir: Path) -> dict:
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
-        raise ValueError(f"{run_dir}: no metrics.jsonl (not a run directory, or not started)")
+        raise RunDirError(f"{run_dir}: no metrics.jsonl (not a run directory, or not started)")
     rows = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()]
     from ..run_directory.files import list_checkpoints
 

@@ -78,15 +78,15 @@ def format_table(rep: dict) -> str:
 def refuse_misfit(cfg: G2RPOConfig) -> None:
     """Raise ConfigError naming each actor that cannot fit its GPU share, its largest
     parts and the fields that would fix it, when ``model.device`` is CUDA and
-    ``train.ignore_memory_plan`` is false; the driver calls this before any actor."""
-    if not cfg.model.device.startswith("cuda") or cfg.train.ignore_memory_plan:
+    ``train.memory.ignore_plan`` is false; the driver calls this before any actor."""
+    if not cfg.model.device.startswith("cuda") or cfg.train.memory.ignore_plan:
         return
     rep = report(cfg)
     if rep["fits"]:
         return
     lines = [
         f"the memory plan says this run cannot fit {rep['gpu_memory_gib']:g} GiB GPUs "
-        f"(train.gpu_memory_gib), planned for {rep['architecture']}:"
+        f"(train.memory.gpu_memory_gib), planned for {rep['architecture']}:"
     ]
     for a in rep["actors"]:
         if a["fits"]:
@@ -100,5 +100,5 @@ def refuse_misfit(cfg: G2RPOConfig) -> None:
         )
         for r in a.get("remedies", []):
             lines.append(f"    fits with {' '.join(r['set'])} ({r['peak_gib']:.1f} GiB)")
-    lines.append("see `g2rpo plan CONFIG`; train.ignore_memory_plan=true starts it anyway")
+    lines.append("see `g2rpo plan CONFIG`; train.memory.ignore_plan=true starts it anyway")
     raise ConfigError("\n".join(lines))

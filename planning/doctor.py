@@ -33,22 +33,22 @@ PRECISION_WARN = 0.5  # of the clip range: below it the ratio moves for no reaso
 
 # the field to look at when a phase fails (an out-of-memory names the memory fields)
 PHASE_FIELDS = {
-    "plan": "train.gpu_memory_gib",
+    "plan": "train.memory.gpu_memory_gib",
     "rollout worker": "model.pretrained",
     "learner": "model.pretrained",
     "publish": "model.rollout_weights_dtype",
     "rollout": "sampling.max_batch",
     "score": "train.reward.scorers",
     "precision": "model.dtype",
-    "learn": "train.learner_max_batch",
-    "evaluate": "train.eval_samples",
+    "learn": "train.learner.max_batch",
+    "evaluate": "train.eval.samples",
 }
 OOM_FIELDS = {
     "rollout worker": "model.rollout_weights_dtype",
-    "precision": "train.learner_max_batch",
-    "learner": "train.learners / model.lora / model.mixed_precision",
+    "precision": "train.learner.max_batch",
+    "learner": "train.learner.count / model.lora / model.mixed_precision",
     "rollout": "sampling.max_batch / sampling.decode_batch",
-    "learn": "train.learner_max_batch / model.gradient_checkpointing",
+    "learn": "train.learner.max_batch / model.gradient_checkpointing",
     "evaluate": "sampling.max_batch / sampling.decode_batch",
 }
 
@@ -349,9 +349,9 @@ class Doctor:
 
     def _evaluate(self, r: PhaseResult) -> None:
         t = self.cfg.train
-        prompts = self._prompts(t.eval_prompts, "train.eval_prompts", min(t.eval_samples, 4))
+        prompts = self._prompts(t.eval.prompts, "train.eval.prompts", min(t.eval.samples, 4))
         t0 = time.perf_counter()
-        images = self.worker.eval_images(prompts, t.eval_seed)
+        images = self.worker.eval_images(prompts, t.eval.seed)
         seconds = time.perf_counter() - t0
         r.details = {"images": len(prompts), "images_per_s": round(len(prompts) / seconds, 3)}
         for name, scorer in getattr(self, "scorers", {}).items():

@@ -5,7 +5,7 @@ the architecture (parameters built on the meta device); activations come from
 fake-tensor traces (``trace.py``), which scale linearly in the batch. A learner's
 figure is the steady state of an update with more than one micro-batch per optimizer
 step: weights + the previous micro-batch's gradients + AdamW's states + one
-micro-batch of ``train.learner_max_batch`` states' activations (an upper bound when a
+micro-batch of ``train.learner.max_batch`` states' activations (an upper bound when a
 micro-batch is all of an optimizer step, whose gradients only grow in its backward).
 """
 
@@ -186,15 +186,15 @@ def rollout_worker(cfg: G2RPOConfig, archs) -> ActorPlan:
     leaves = len(plan.leaves)
     live = plan.num_roots + 3 * plan.num_noises + leaves  # noise table, recorded pairs
     out = _sampler(cfg, archs, "rollout worker", leaves, leaves, live)
-    out.count, out.gpus = cfg.train.workers, cfg.train.worker_num_gpus
+    out.count, out.gpus = cfg.train.workers.count, cfg.train.workers.num_gpus
     return out
 
 
 def evaluator(cfg: G2RPOConfig, archs) -> ActorPlan:
     t = cfg.train
-    samples = t.eval_samples * t.eval_per_prompt
+    samples = t.eval.samples * t.eval.per_prompt
     out = _sampler(cfg, archs, "evaluator", samples, samples, 2 * samples)
-    out.count, out.gpus = 1, t.eval_num_gpus
+    out.count, out.gpus = 1, t.eval.num_gpus
     return out
 
 
@@ -205,7 +205,7 @@ def learner_rank(cfg: G2RPOConfig, archs) -> ActorPlan:
     lora = m.lora.model_dump() if m.lora is not None else None
     counts = parameter_counts("transformer", archs["transformer"], lora)
     sharded = sharded_learner(cfg)
-    ranks = t.learners if sharded else 1
+    ranks = t.learner.count if sharded else 1
     mp = m.mixed_precision == "fsdp"
     total = counts["total"]
     parts: dict[str, int] = {}
@@ -244,7 +244,7 @@ def learner_rank(cfg: G2RPOConfig, archs) -> ActorPlan:
         autocast_dtype=None if mp else compute,
         **shape,
     )["bytes"]
-    batch = t.learner_max_batch
+    batch = t.learner.max_batch
     saved = "checkpointed" if m.gradient_checkpointing else "saved"
     if not mp and compute is not None and base_dtype == "float32":
         # autocast over float32 trainable weights caches a bf16 copy of each weight
@@ -256,7 +256,9 @@ def learner_rank(cfg: G2RPOConfig, archs) -> ActorPlan:
         parts[f"autocast cache ({m.dtype} weight copies)"] = cache
     else:
         parts[f"activations ({batch} states, {saved})"] = acts * batch
-    return ActorPlan(actor="learner rank", count=t.learners, gpus=t.learner_num_gpus, parts=parts)
+    return ActorPlan(
+        actor="learner rank", count=t.learner.count, gpus=t.learner.num_gpus, parts=parts
+    )
 
 
 def reward_scorer_names(cfg: G2RPOConfig) -> list[str]:
@@ -286,9 +288,9 @@ def gpus_asked(cfg: G2RPOConfig) -> float:
     """What the config asks Ray for, in GPUs (compare a recipe's header with it)."""
     t = cfg.train
     return (
-        t.workers * t.worker_num_gpus
-        + t.learners * t.learner_num_gpus
-        + (t.eval_num_gpus if t.eval_actor else 0.0)
+        t.workers.count * t.workers.num_gpus
+        + t.learner.count * t.learner.num_gpus
+        + (t.eval.num_gpus if t.eval.on_actor else 0.0)
         + t.reward.job_replicas() * t.reward.num_gpus
     )
 
@@ -301,15 +303,15 @@ def _plan_cached(text: str, gpu_memory: int) -> Plan:
 
 def plan(cfg: G2RPOConfig, gpu_memory_gib: float | None = None) -> Plan:
     """Every actor kind's estimate and verdict against ``gpu_memory_gib`` (default
-    ``train.gpu_memory_gib``) of GPU memory."""
-    gib = cfg.train.gpu_memory_gib if gpu_memory_gib is None else gpu_memory_gib
+    ``train.memory.gpu_memory_gib``) of GPU memory."""
+    gib = cfg.train.memory.gpu_memory_gib if gpu_memory_gib is None else gpu_memory_gib
     return _plan_cached(cfg.model_dump_json(), int(gib * GiB))
 
 
 def _plan(cfg: G2RPOConfig, gpu_memory: int) -> Plan:
     archs, where = architecture(cfg)
     actors = [rollout_worker(cfg, archs), learner_rank(cfg, archs)]
-    if cfg.train.eval_actor:
+    if cfg.train.eval.on_actor:
         actors.append(evaluator(cfg, archs))
     if cfg.train.reward.job_replicas() > 0:
         actors.append(reward_replica(cfg))
@@ -318,8 +320,6 @@ def _plan(cfg: G2RPOConfig, gpu_memory: int) -> Plan:
         if a.actor != "reward replica":
             a.on_gpu = on_gpu
         a.budget = _gb_budget(cfg, a.gpus, gpu_memory)
-        if a.on_gpu and a.gpus <= 0:
-            a.notes.append("asks Ray for no GPU while model.device is cuda")
     return Plan(
         actors=actors, gpus_asked=gpus_asked(cfg), gpu_memory=gpu_memory, architecture=where
     )

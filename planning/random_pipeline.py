@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..common.errors import UsageError
 from ..common.paths import DEFAULT_WORLD
 from .presets import COMPONENTS, PRESETS, build_component, preset_config
 from .trace import default_dtype
@@ -30,7 +31,7 @@ def architecture_configs(name: str) -> dict[str, dict]:
     if name == "tiny":
         root = WORLD_PIPELINE
         return {c: json.loads((root / c / "config.json").read_text()) for c in COMPONENTS}
-    raise ValueError(f"--random-weights {name!r}: choose from {', '.join(RANDOM_ARCHITECTURES)}")
+    raise UsageError(f"--random-weights {name!r}: choose from {', '.join(RANDOM_ARCHITECTURES)}")
 
 
 def _build(component: str, config: dict, device: str, dtype: torch.dtype):
@@ -56,7 +57,7 @@ def build_random_pipeline(
     if blocks is not None:
         double, single = blocks
         if double < 0 or single < 0 or double + single == 0:
-            raise ValueError(f"--blocks {double},{single}: needs >= 0 each and one block at least")
+            raise UsageError(f"--blocks {double},{single}: needs >= 0 each and one block at least")
         configs["transformer"] = {
             **configs["transformer"],
             "num_layers": double,

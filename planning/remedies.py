@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from ..common.config import ConfigError, G2RPOConfig, config_from_dict
 from .estimate import plan
 
+# each actor kind's GPU field (a CUDA config that gives one of them no GPU is refused
+# when it loads, so a remedy never needs to add one)
 GPU_FIELDS = {
-    "rollout worker": "train.worker_num_gpus",
-    "learner rank": "train.learner_num_gpus",
-    "evaluator": "train.eval_num_gpus",
+    "rollout worker": "train.workers.num_gpus",
+    "learner rank": "train.learner.num_gpus",
+    "evaluator": "train.eval.num_gpus",
     "reward replica": "train.reward.num_gpus",
 }
 
@@ -54,9 +56,12 @@ def _base_changes(cfg: G2RPOConfig, name: str) -> tuple[list[list[str]], list[st
         mp = ["model.mixed_precision=fsdp"] if m.dtype == "bfloat16" and m.lora is None else []
         out = [[], ckpt, ["model.lora={rank: 64}", *ckpt]]
         for n in (2, 4, 8, 16, 32):
-            if n > t.learners and m.lora is None:
-                out += [[f"train.learners={n}", *ckpt], [f"train.learners={n}", *ckpt, *mp]]
-        return out, ["train.learner_max_batch"]
+            if n > t.learner.count and m.lora is None:
+                out += [
+                    [f"train.learner.count={n}", *ckpt],
+                    [f"train.learner.count={n}", *ckpt, *mp],
+                ]
+        return out, ["train.learner.max_batch"]
     if name in ("rollout worker", "evaluator"):
         bf16 = (
             ["model.rollout_weights_dtype=bfloat16"]
@@ -68,16 +73,15 @@ def _base_changes(cfg: G2RPOConfig, name: str) -> tuple[list[list[str]], list[st
 
 
 def _current(cfg: G2RPOConfig, field: str) -> int:
-    section, key = field.split(".")
-    return getattr(getattr(cfg, section), key)
+    value = cfg
+    for part in field.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def remedies(cfg: G2RPOConfig, name: str, gpu_memory_gib: float | None = None, most: int = 3):
     """Up to ``most`` changes that make actor kind ``name`` fit, fewest changes first."""
-    actor = _actor(plan(cfg, gpu_memory_gib), name)
     found: list[Remedy] = []
-    if actor.on_gpu and actor.gpus <= 0:
-        found.append(Remedy([f"{GPU_FIELDS[name]}=1"], actor.peak))
     bases, batch_fields = _base_changes(cfg, name)
     seen = set()
     for base in bases:
@@ -95,7 +99,7 @@ def remedies(cfg: G2RPOConfig, name: str, gpu_memory_gib: float | None = None, m
             if changed is None:
                 break
             new = _actor(plan(changed, gpu_memory_gib), name)
-            if new.fits or (actor.gpus <= 0 and new.peak <= new.budget):
+            if new.fits:
                 found.append(Remedy(changes, new.peak))
                 break
     found.sort(key=lambda r: len(r.changes))

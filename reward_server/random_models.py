@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..common.errors import UsageError
+
 # OpenCLIP ViT-H-14 (HPS-v2.1, DFN5B, PickScore's tower) in transformers' CLIP terms
 SIZES = {
     "vit-h-14": dict(
@@ -57,7 +59,7 @@ def random_clip_dir(out: str | Path, size: str, seed: int = 0) -> Path:
     from .convert import openclip_image_processor
 
     if size not in SIZES:
-        raise ValueError(f"--random-model must be one of {', '.join(SIZES)}, got {size!r}")
+        raise UsageError(f"--random-model must be one of {', '.join(SIZES)}, got {size!r}")
     spec = SIZES[size]
     torch.manual_seed(seed)
     text = dict(spec["text"], bos_token_id=512, eos_token_id=513, pad_token_id=513)

@@ -12,6 +12,7 @@ import threading
 import ray
 
 from ..common.config import G2RPOConfig
+from ..common.errors import ConfigError, RunFailed
 from ..common.messages import RewardEndpoints
 
 TOKEN_VAR = "G2RPO_REWARD_TOKEN"
@@ -101,7 +102,7 @@ class RewardReplica:
         self._watch_start()
         self._first_try.wait()
         if self.server is None:
-            raise RuntimeError(self.error)
+            raise RunFailed(self.error)
         return self.server.url
 
     def ready(self) -> bool:
@@ -141,12 +142,14 @@ class RewardSource:
         self.static_urls, self.redis_url = list(r.urls), redis_url or r.redis_url
         count = r.job_replicas(redis_url)
         if count == 0 and not self.static_urls and not self.redis_url:
-            raise ValueError(
+            raise ConfigError(
                 "train.reward: no reward servers: give urls or redis_url, or replicas >= 1"
             )
         self.token = os.environ.get(r.token_env) if r.token_env else None
         if r.token_env and not self.token:
-            raise ValueError(f"train.reward.token_env: environment variable {r.token_env} is unset")
+            raise ConfigError(
+                f"train.reward.token_env: environment variable {r.token_env} is unset"
+            )
         specs = scorer_specs(cfg)
         self.scorers = list(specs)
         # A replica with a job-only token registers in Redis only when the token is
@@ -154,9 +157,7 @@ class RewardSource:
         register = self.redis_url if r.token_env else None
         if count and self.token is None:
             self.token = secrets.token_urlsafe(24)  # this job's replicas only
-        from ..common.placement import actor_options
-
-        options = actor_options(r.num_cpus, r.num_gpus, r.resources)
+        options = r.ray_options()
         device = "cuda" if r.num_gpus > 0 else "cpu"
         self.replicas = [
             RewardReplica.options(**options).remote(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..common.errors import UsageError
 from .settings import ServerSettings
 
 
@@ -40,7 +41,7 @@ class ServeOptions(BaseModel):
 
     def autoscaling_config(self) -> dict:
         if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+            raise UsageError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
         return {
             "min_replicas": self.min_replicas,
             "max_replicas": self.max_replicas,

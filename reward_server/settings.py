@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..common.errors import UsageError
+
 
 class ScorerSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -21,7 +23,7 @@ class ScorerSpec(BaseModel):
         """``NAME`` or ``NAME=LOCAL_DIR``."""
         name, _, path = text.partition("=")
         if not name.strip():
-            raise ValueError(f"--scorers: empty scorer name in {text!r}")
+            raise UsageError(f"--scorers: empty scorer name in {text!r}")
         return cls(name=name.strip(), path=path.strip() or None)
 
 
@@ -56,7 +58,7 @@ class ServerSettings(BaseModel):
         """Refuse a non-loopback bind without a token unless --insecure."""
         if self.token or self.insecure or is_loopback(self.host):
             return
-        raise ValueError(
+        raise UsageError(
             f"--host {self.host} is reachable from other machines: set a token with --token-env "
             "VAR, or pass --insecure to serve without one"
         )
@@ -66,9 +68,9 @@ class ServerSettings(BaseModel):
             import torch
 
             if not torch.cuda.is_available():
-                raise ValueError(f"--device {self.device}: no CUDA device is visible here")
+                raise UsageError(f"--device {self.device}: no CUDA device is visible here")
         elif self.device != "cpu":
-            raise ValueError(f"--device {self.device!r}: use cpu, cuda or cuda:N")
+            raise UsageError(f"--device {self.device!r}: use cpu, cuda or cuda:N")
 
 
 def is_loopback(host: str) -> bool:
@@ -85,5 +87,5 @@ def token_from_env(var: str | None) -> str | None:
         return None
     value = os.environ.get(var)
     if not value:
-        raise ValueError(f"--token-env {var}: the environment variable is unset or empty")
+        raise UsageError(f"--token-env {var}: the environment variable is unset or empty")
     return value

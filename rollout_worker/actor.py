@@ -35,7 +35,7 @@ class RolloutWorker(WeightGroupMember):
     def load_weights(self, version: int, state: dict, checksum: str) -> WeightsLoaded:
         return self.core.load_weights(version, state, checksum)
 
-    # -- train.weight_transport: collective (rank worker+1 of the broadcast group)
+    # -- train.weights.transport: collective (rank worker+1 of the broadcast group)
 
     def receive_weights(self, name: str, version: int, layout, checksum: str) -> WeightsLoaded:
         """Take a broadcast version (verified and loaded as from the object store)."""

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..common.config import G2RPOConfig
+from ..common.errors import ConfigError
 from ..common.flux_pipeline import FluxComponents
 from ..common.lora import attach_lora
 from ..common.messages import EvalSamples, RewardEndpoints, WeightsLoaded
@@ -73,10 +74,10 @@ class _PartClock:
 
 class RolloutWorkerCore:
     def __init__(self, cfg: G2RPOConfig, worker: int) -> None:
-        torch.set_num_threads(cfg.train.worker_threads)
+        torch.set_num_threads(cfg.train.threads)
         self.cfg, self.worker = cfg, worker
         if cfg.model.pretrained is None:
-            raise ValueError("model.pretrained: a local pipeline directory is needed for training")
+            raise ConfigError("model.pretrained: a local pipeline directory is needed for training")
         self.comps = FluxComponents.load(
             resolve_path(cfg.model.pretrained),
             dtype=cfg.model.rollout_weights_torch_dtype(),

@@ -106,14 +106,14 @@ def incomplete_checkpoints(run_dir: Path) -> list[Path]:
 
 def prune_checkpoints(run_dir: Path, cfg: G2RPOConfig) -> list[Path]:
     """Delete what a crashed save left, and periodic checkpoints beyond the newest
-    ``train.keep_checkpoints``; those named in ``train.checkpoint_at`` stay."""
+    ``train.checkpoints.keep``; those named in ``train.checkpoints.at`` stay."""
     leftovers = incomplete_checkpoints(run_dir)
     for p in leftovers:
         remove_checkpoint(p)
-    keep = cfg.train.keep_checkpoints
+    keep = cfg.train.checkpoints.keep
     if keep is None:
         return leftovers
-    pinned = set(cfg.train.checkpoint_at)
+    pinned = set(cfg.train.checkpoints.at)
     periodic = [p for p in list_checkpoints(run_dir) if iteration_of(p) not in pinned]
     doomed = periodic[:-keep]
     for p in doomed:

@@ -103,6 +103,112 @@ def test_bad_input_is_a_clear_error(args, needle):
     assert "Traceback" not in out.stderr
 
 
+BAD_CONFIGS = {  # file text, what the one line must say
+    "unknown_key.yaml": ("sampling:\n  groupsize: 8\n", "sampling.groupsize: unknown field"),
+    "wrong_type.yaml": ("train:\n  workers: {count: many}\n", "train.workers.count: Input should"),
+    "old_layout.yaml": ("train:\n  worker_num_gpus: 1\n", "train.worker_num_gpus: unknown field"),
+    "bad.yaml": ("sampling: [unclosed\n", "not valid YAML"),
+    "scalar.yaml": ("3\n", "top level must be a mapping"),
+    "cuda.yaml": (
+        "model: {device: cuda}\n",
+        "model.device is cuda but train.workers.num_gpus is 0",
+    ),
+    "missing.yaml": (None, "config file not found"),
+}
+
+
+def _bad_config(tmp_path, name) -> tuple[str, str]:
+    text, needle = BAD_CONFIGS[name]
+    if text is not None:
+        (tmp_path / name).write_text(text)
+    return str(tmp_path / name), needle
+
+
+def _one_line_error(out, needle) -> None:
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.startswith("g2rpo: error: ") and needle in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("name", BAD_CONFIGS)
+def test_a_bad_config_is_one_line_never_a_traceback(tmp_path, name):
+    path, needle = _bad_config(tmp_path, name)
+    _one_line_error(run("config", "show", "--config", path), needle)
+
+
+@pytest.mark.parametrize("command", [("plan",), ("train", "--config"), ("doctor",)])
+@pytest.mark.parametrize("name", ["wrong_type.yaml", "bad.yaml"])
+def test_every_command_refuses_a_bad_config_in_one_line(tmp_path, command, name):
+    path, needle = _bad_config(tmp_path, name)
+    _one_line_error(run(*command, path, timeout=120), needle)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("train.bogus=1", "train.bogus: unknown field"),
+        ("train.learner.max_batch=lots", "train.learner.max_batch: Input should be"),
+        ("sampling.sde_steps=[0,1", "cannot parse value"),
+        ("train.eval.resources={GPU: 1}", "train.eval.resources: give GPU through"),
+    ],
+)
+def test_a_bad_override_is_one_line(override, needle):
+    out = run("config", "show", "--set", override)
+    _one_line_error(out, needle)
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_debug_shows_the_traceback():
+    out = run("--debug", "config", "show", "--set", "sampling.group_size=1")
+    assert out.returncode == 1
+    assert "Traceback" in out.stderr and "ConfigError" in out.stderr
+    assert "sampling.group_size" in out.stderr
+
+
+def test_a_bug_shows_its_traceback():
+    """Anything but the project's own errors (and a missing given file) is a bug: its
+    traceback is printed, not hidden behind one line."""
+    code = (
+        "import sys, g2rpo.cli as cli\n"
+        "def broken(args):\n"
+        "    return {}['missing']\n"
+        "cli._cmd_config_show = broken\n"
+        "sys.exit(cli.main(['config', 'show']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "Traceback" in out.stderr and "KeyError: 'missing'" in out.stderr
+    assert "g2rpo: error" not in out.stderr
+
+
+def test_a_user_error_from_a_ray_actor_is_one_line(capsys, monkeypatch):
+    """A RayTaskError carries the actor's exception as ``cause``: its message is shown,
+    not the remote traceback; a bug in an actor keeps its traceback."""
+    from g2rpo.common.errors import ModelPathError
+    from ray.exceptions import RayTaskError
+
+    import g2rpo.cli as cli
+
+    def remote(cause):
+        trace = f"Traceback (most recent call last):\n  ...\n{type(cause).__name__}: {cause}"
+        return RayTaskError("Learner.ready", trace, cause).as_instanceof_cause()
+
+    def missing_model(args):
+        raise remote(ModelPathError("model.pretrained: local directory '/x' does not exist"))
+
+    monkeypatch.setattr(cli, "_cmd_config_show", missing_model)
+    assert cli.main(["config", "show"]) == 2
+    err = capsys.readouterr().err
+    assert err == "g2rpo: error: model.pretrained: local directory '/x' does not exist\n"
+
+    def bug(args):
+        raise remote(KeyError("x"))
+
+    monkeypatch.setattr(cli, "_cmd_config_show", bug)
+    with pytest.raises(KeyError):
+        cli.main(["config", "show"])
+
+
 def test_config_show_resolves_overrides():
     out = run("config", "show", "--set", "sampling.granularities=[1,2,3]")
     assert out.returncode == 0, out.stderr

@@ -22,9 +22,9 @@ def _spec_file(tmp_path, world, **changes):
             *SMALL_RUN,
             f"model.pretrained={world / 'pipeline'}",
             f"train.reward.scorers=[shapes_clip={world / 'shapes_clip'}, shapes_oracle]",
-            "train.eval_samples=4",
-            "train.eval_per_prompt=2",
-            "train.checkpoint_every=5",
+            "train.eval.samples=4",
+            "train.eval.per_prompt=2",
+            "train.checkpoints.every=5",
         ],
     )
     (tmp_path / "base.yaml").write_text(dump_config(base))

@@ -27,8 +27,8 @@ SMALL = [
     "sampling.prompts_per_worker=2",
     "sampling.max_batch=5",  # several chunks per model call
     "sampling.decode_batch=4",
-    "train.workers=1",
-    "train.learner_max_batch=1",
+    "train.workers.count=1",
+    "train.learner.max_batch=1",
 ]
 PROMPTS = ["a red circle on a blue background", "a green square on a yellow background"]
 

@@ -106,7 +106,7 @@ def test_doctor_phases_keep_their_tensors_on_the_device():
             f"model.device={NAME}",
             "sampling.sde_steps=[0]",
             "sampling.group_size=3",
-            "train.eval_samples=2",
+            "train.eval.samples=2",
         ],
     )
     with on_fake_gpu():
@@ -122,7 +122,17 @@ def test_a_failure_names_only_real_config_fields():
     assert field_of("rollout worker", missing) == "model.pretrained"  # the phase's own
     assert field_of("rollout", ValueError("train.prompts /p: not found")) == "train.prompts"
     oom = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    assert field_of("precision", oom) == "train.learner_max_batch"
+    assert field_of("precision", oom) == "train.learner.max_batch"
+
+
+def test_the_fields_the_doctor_and_the_plan_point_at_are_real():
+    from g2rpo.planning.doctor import OOM_FIELDS, PHASE_FIELDS, is_config_field
+    from g2rpo.planning.remedies import GPU_FIELDS
+
+    for text in [*PHASE_FIELDS.values(), *OOM_FIELDS.values(), *GPU_FIELDS.values()]:
+        for field in text.split(" / "):
+            assert is_config_field(field), field
+    assert not is_config_field("train.learner_max_batch")  # the flat name before the groups
 
 
 @pytest.mark.parametrize("bad", ["2", "a,b", "-1,0"])

@@ -6,7 +6,7 @@ import pytest
 import ray
 import torch
 from g2rpo.common.config import load_config
-from g2rpo.common.placement import actor_options
+from g2rpo.common.config_train import ActorResources
 from g2rpo.common.trajectories import Trajectories
 from g2rpo.learner.distributed import RankShare
 from g2rpo.learner.group import LearnerGroup
@@ -48,7 +48,7 @@ def _batches(cfg, workers: int = 2) -> list[Trajectories]:
 
 
 def _group(cfg) -> LearnerGroup:
-    group = LearnerGroup(cfg, actor_options(1, 0, {}))
+    group = LearnerGroup(cfg, ActorResources().ray_options())
     group.form()
     ray.get(group.ready_refs())
     return group
@@ -84,7 +84,7 @@ def test_two_rank_update_equals_one_rank_update(ray_two_learners, quick_world, m
     one = LearnerCore(cfg)
     before = one.trained_state()
     stats_one = one.update(batches)
-    group = _group(_cfg(quick_world, "train.learners=2", *extra))
+    group = _group(_cfg(quick_world, "train.learner.count=2", *extra))
     try:
         stats_two = group.update(batches)
         after_two = _published(group)

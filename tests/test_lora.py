@@ -12,7 +12,7 @@ from g2rpo.rollout_worker.plan import anchor_plan, plan_for
 from g2rpo.rollout_worker.worker import RolloutWorkerCore
 from small_run import SMALL_RUN
 
-SMALL = [*SMALL_RUN, "train.workers=1", "optim.lr=1e-3"]
+SMALL = [*SMALL_RUN, "train.workers.count=1", "optim.lr=1e-3"]
 LORA = ["model.lora.rank=4", "model.lora.alpha=8"]
 PROMPTS = ["a red circle on a white background", "a blue square on a black background"]
 

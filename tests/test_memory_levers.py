@@ -1,6 +1,6 @@
 """The learner's memory levers change memory, not the update: gradient checkpointing
 gives the same gradients in float32 while saving far fewer activations, and the
-learner's micro-batch (train.learner_max_batch) splits the same update."""
+learner's micro-batch (train.learner.max_batch) splits the same update."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ SMALL = [
     "sampling.sde_steps=[0, 2]",
     "sampling.group_size=3",
     "sampling.prompts_per_worker=2",
-    "train.workers=1",
+    "train.workers.count=1",
     "optim.step_mode=accumulate",  # one optimizer step: gradients compared before it
 ]
 PROMPTS = ["a red circle on a blue background", "a green square on a yellow background"]
@@ -92,8 +92,8 @@ def test_the_learner_micro_batch_splits_the_same_update():
     from g2rpo.common.config import load_config
 
     batch = _rollout(load_config(REPO / "configs" / "tiny.yaml", SMALL))
-    whole, whole_stats, _ = _update(["train.learner_max_batch=64"], batch)
-    split, split_stats, _ = _update(["train.learner_max_batch=1"], batch)
+    whole, whole_stats, _ = _update(["train.learner.max_batch=64"], batch)
+    split, split_stats, _ = _update(["train.learner.max_batch=1"], batch)
     assert whole_stats["optimizer_steps"] == split_stats["optimizer_steps"] == 1
     # four distinct states (2 prompts x 2 SDE steps): one forward each either way
     assert whole_stats["nfe_learn"] == split_stats["nfe_learn"] == 4

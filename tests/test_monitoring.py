@@ -96,8 +96,8 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(quic
         # G2rpoRewardCollapse has no series and the healthy-run check below does not
         # depend on the quick world's near-0 strict pass rate over 32 samples (the
         # paired change's CI; tests/test_reward_collapse_alert.py covers that noise)
-        "train.eval_every=1000",
-        "train.metrics_port=0",
+        "train.eval.every=1000",
+        "train.metrics.port=0",
         f"train.reward.urls=[{reward.url}]",
     ]
     cmd = [G2RPO, "train", "--no-progress", "--config", str(DEPLOY.parent / "configs/tiny.yaml")]

@@ -17,7 +17,7 @@ SMALL = [
     "sampling.sde_steps=[0]",
     "sampling.granularities=[1]",
     "sampling.prompts_per_worker=1",
-    "train.eval_samples=4",
+    "train.eval.samples=4",
 ]
 
 
@@ -25,10 +25,10 @@ def test_a_local_ray_gets_the_resources_the_config_names():
     cfg = load_config(
         None,
         [
-            "train.workers=3",
-            "train.worker_num_cpus=2",
-            "train.worker_resources={sampler: 0.5}",
-            "train.learner_resources={trainer: 1, sampler: 1}",
+            "train.workers.count=3",
+            "train.workers.num_cpus=2",
+            "train.workers.resources={sampler: 0.5}",
+            "train.learner.resources={trainer: 1, sampler: 1}",
             "train.reward.replicas=2",
             "train.reward.resources={scorer: 1}",
         ],
@@ -47,7 +47,7 @@ def test_a_local_ray_gets_the_resources_the_config_names():
     assert local_cluster_resources(default)["num_cpus"] == 4
     # a --redis-url on the command line means external replicas: the job starts none
     assert local_cluster_resources(default, "redis://127.0.0.1:6390/0")["num_cpus"] == 3
-    inline = load_config(None, ["train.eval_actor=false"])  # eval on worker 0
+    inline = load_config(None, ["train.eval.on_actor=false"])  # eval on worker 0
     assert local_cluster_resources(inline)["num_cpus"] == 3
 
 
@@ -93,8 +93,8 @@ def test_actors_land_where_their_resources_are(two_nodes, quick_world, tmp_path)
             quick_world,
             tmp_path,
             "placed",
-            "train.worker_resources={sampler: 1}",
-            "train.learner_resources={trainer: 1}",
+            "train.workers.resources={sampler: 1}",
+            "train.learner.resources={trainer: 1}",
             "train.reward.resources={scorer: 1}",
         ),
         progress=False,
@@ -122,13 +122,13 @@ def test_an_unplaceable_request_fails_naming_the_field(two_nodes, quick_world, t
                 quick_world,
                 tmp_path,
                 "nowhere",
-                "train.worker_resources={gpu_box: 1}",
+                "train.workers.resources={gpu_box: 1}",
                 "train.placement_timeout_s=15",
             ),
             progress=False,
         )
     text = str(err.value)
-    assert "train.worker_num_cpus/worker_num_gpus/worker_resources" in text
+    assert "train.workers (num_cpus/num_gpus/resources)" in text
     assert "gpu_box" in text and "sampler" in text  # what was asked, what the cluster has
     # the actors that were placed are gone again: every CPU is free
     deadline = time.monotonic() + 30

@@ -78,7 +78,7 @@ def _actor(p, name):
 
 # the paper's recipe as the official script trains it: one full fine-tune on one GPU
 ONE_LEARNER = [
-    "train.learners=1",
+    "train.learner.count=1",
     "model.mixed_precision=autocast",
     "model.rollout_weights_dtype=float32",
     "model.gradient_checkpointing=false",
@@ -100,10 +100,10 @@ def test_one_learner_full_flux_fine_tune_does_not_fit_80gb_and_says_why():
         ROOT / "configs" / "flux_hps.yaml",
         [
             *ONE_LEARNER,
-            "train.learners=16",
+            "train.learner.count=16",
             "model.gradient_checkpointing=true",
             "model.mixed_precision=fsdp",
-            "train.learner_max_batch=1",
+            "train.learner.max_batch=1",
         ],
     )
     assert _actor(plan(fixed, 80), "learner rank").fits
@@ -144,7 +144,7 @@ def test_learner_estimate_within_10_percent_of_the_traced_update():
     from g2rpo.rollout_worker.worker import RolloutWorkerCore
 
     # several micro-batches per optimizer step: the plan's steady state
-    cfg = load_config(None, [*SMALL, "train.learner_max_batch=2", "optim.step_mode=accumulate"])
+    cfg = load_config(None, [*SMALL, "train.learner.max_batch=2", "optim.step_mode=accumulate"])
     worker = RolloutWorkerCore(cfg, 0)
     plan_, cond, result, _ = worker.sample(0, PROMPTS)
     rewards = {"shapes_clip": torch.rand(len(plan_.leaves))}
@@ -174,6 +174,13 @@ def test_cli_table_json_and_exit_codes(capsys):
     learner = next(a for a in rep["actors"] if a["actor"] == "learner rank")
     assert not learner["fits"] and learner["remedies"]
     assert rep["gpus_asked"] == 16 + 1 + 1 + 2 * 0.5
+    from g2rpo.planning.doctor import is_config_field
+
+    for remedy in learner["remedies"]:  # each --set names a real field and loads
+        for change in remedy["set"]:
+            assert is_config_field(change.split("=", 1)[0]), change
+        load_config(flux, [*ONE_LEARNER, *remedy["set"]])
+    assert any("train.learner.count=" in c for r in learner["remedies"] for c in r["set"])
     assert main(["plan", flux, "--gpu-memory", "lots"]) == 2
     assert "--gpu-memory" in capsys.readouterr().err
 

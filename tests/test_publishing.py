@@ -1,4 +1,4 @@
-"""Weight publishing by broadcast (train.weight_transport: collective) on real Ray
+"""Weight publishing by broadcast (train.weights.transport: collective) on real Ray
 actors: a learner and 2 rollout workers of the quick world. A worker that dies
 after the group formed and before the broadcast fails that broadcast; the version
 then reaches every worker (the restarted one too) through the object store, and
@@ -11,7 +11,7 @@ import time
 import pytest
 import ray
 from g2rpo.common.config import load_config
-from g2rpo.common.placement import actor_options
+from g2rpo.common.config_train import ActorResources
 from g2rpo.learner.group import LearnerGroup
 from g2rpo.orchestration.cluster import RunActors
 from g2rpo.orchestration.publishing import CollectivePublisher
@@ -49,12 +49,12 @@ def test_a_failed_broadcast_falls_back_and_the_group_is_formed_again(ray_three, 
         [
             *SMALL_RUN,
             f"model.pretrained={quick_world / 'pipeline'}",
-            "train.weight_transport=collective",
+            "train.weights.transport=collective",
             "train.collective_timeout_s=10",
         ],
     )
     cfg_dict = cfg.model_dump(mode="json")
-    actors = RunActors(learner=LearnerGroup(cfg, actor_options(1, 0, {})))
+    actors = RunActors(learner=LearnerGroup(cfg, ActorResources().ray_options()))
     actors.workers = [RolloutWorker.options(num_cpus=1).remote(cfg_dict, i) for i in range(2)]
     try:
         actors.learner.form()

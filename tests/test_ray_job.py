@@ -40,10 +40,10 @@ sampling: {{num_steps: 6, sde_steps: [0, 1], granularities: [1, 2], group_size: 
 rewards: [{{name: shapes_clip}}]
 run: {{name: job, iterations: 1, output_dir: {tmp_path / "runs"}}}
 train:
-  workers: 2
   image_size: 32
   max_sequence_length: 16
-  eval_samples: 4
+  workers: {{count: 2}}
+  eval: {{samples: 4}}
   reward: {{scorers: ["shapes_clip={quick_world / "shapes_clip"}"]}}
 """)
         res = subprocess.run(

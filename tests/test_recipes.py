@@ -29,9 +29,9 @@ def gpus_asked(cfg: G2RPOConfig) -> int:
     fractional shares pack onto shared GPUs), rounded up."""
     t = cfg.train
     total = (
-        t.workers * t.worker_num_gpus
-        + t.learners * t.learner_num_gpus
-        + (t.eval_num_gpus if t.eval_actor else 0.0)
+        t.workers.count * t.workers.num_gpus
+        + t.learner.count * t.learner.num_gpus
+        + (t.eval.num_gpus if t.eval.on_actor else 0.0)
         + t.reward.job_replicas() * t.reward.num_gpus
     )
     return math.ceil(total - 1e-9)
@@ -39,23 +39,21 @@ def gpus_asked(cfg: G2RPOConfig) -> int:
 
 def test_gpus_asked_counts_every_actor():
     layout = {
-        "workers": 16,
-        "worker_num_gpus": 1,
-        "learners": 8,
-        "learner_num_gpus": 1,
-        "eval_num_gpus": 1,
+        "workers": {"count": 16, "num_gpus": 1},
+        "learner": {"count": 8, "num_gpus": 1},
+        "eval": {"num_gpus": 1},
         "reward": {"replicas": 2, "num_gpus": 0.5},
     }
     assert gpus_asked(config_from_dict({"train": layout})) == 16 + 8 + 1 + 1
-    no_eval = config_from_dict({"train": layout}, ["train.eval_actor=false"])
+    no_eval = config_from_dict({"train": layout}, ["train.eval.on_actor=false"])
     assert gpus_asked(no_eval) == 25
     shared = config_from_dict(
         {"train": layout},
-        ["train.worker_num_gpus=0.5", "train.learners=16", "train.learner_num_gpus=0.5"],
+        ["train.workers.num_gpus=0.5", "train.learner.count=16", "train.learner.num_gpus=0.5"],
     )
     assert gpus_asked(shared) == 8 + 8 + 1 + 1
     # the flagship recipe as shipped before: 16 workers, 1 learner, an evaluator, 2 x 0.5
-    before = {k: v for k, v in layout.items() if k != "learners"}
+    before = {**layout, "learner": {"num_gpus": 1}}
     assert gpus_asked(config_from_dict({"train": before})) == 19
 
 
@@ -76,7 +74,7 @@ def test_hardware_header_equals_what_ray_is_asked(path):
     assert len(found) == 1, f"{path.name}: needs one '# hardware: N x MGiB GPUs' line"
     gpus, gib = int(found[0][0]), float(found[0][1])
     assert gpus == gpus_asked(cfg), f"{path.name}: header {gpus}, asks Ray {gpus_asked(cfg)}"
-    assert gib == cfg.train.gpu_memory_gib
+    assert gib == cfg.train.memory.gpu_memory_gib
 
 
 @pytest.mark.parametrize("path", FLUX, ids=lambda p: p.name)
@@ -84,8 +82,8 @@ def test_model_actors_ask_for_gpus(path):
     cfg = load_config(path)
     t = cfg.train
     assert cfg.model.device.startswith("cuda")
-    assert t.worker_num_gpus > 0 and t.learner_num_gpus > 0
-    assert t.eval_num_gpus > 0 or not t.eval_actor
+    assert t.workers.num_gpus > 0 and t.learner.num_gpus > 0
+    assert t.eval.num_gpus > 0 or not t.eval.on_actor
     assert t.reward.job_replicas() == 0 or t.reward.num_gpus > 0
 
 
@@ -93,7 +91,7 @@ def test_model_actors_ask_for_gpus(path):
 def test_prompts_and_scorers_are_paths(path):
     cfg = load_config(path)
     t = cfg.train
-    for prompts in (t.prompts, t.eval_prompts):
+    for prompts in (t.prompts, t.eval.prompts):
         assert prompts.startswith("/") and prompts.endswith(".txt"), prompts
     scorers = dict(s.split("=", 1) for s in t.reward.scorers if "=" in s)
     for reward in cfg.rewards:
@@ -105,6 +103,6 @@ def test_learning_rate_suits_what_is_trained(path):
     cfg = load_config(path)
     if cfg.model.lora is None:
         assert cfg.optim.lr <= FULL_LR_MAX, f"full fine-tune at a LoRA rate {cfg.optim.lr}"
-        assert cfg.train.learners > 1 and cfg.model.gradient_checkpointing
+        assert cfg.train.learner.count > 1 and cfg.model.gradient_checkpointing
     else:
         assert cfg.optim.lr >= LORA_LR_MIN, f"LoRA at a full fine-tune rate {cfg.optim.lr}"

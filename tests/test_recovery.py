@@ -137,7 +137,7 @@ def test_redis_stopped_mid_run_and_started_again_empty_loses_nothing(
             tmp_path,
             "outage",
             6,
-            ["train.reward.replicas=0", "train.checkpoint_every=100"],
+            ["train.reward.replicas=0", "train.checkpoints.every=100"],
             redis_url=redis.url,
         )
         thread.join(timeout=30)
@@ -165,7 +165,7 @@ def test_redis_stopped_mid_run_and_started_again_empty_loses_nothing(
 
 # ------------------------------------------- a rollout worker killed, overlapped
 
-OVERLAP = ["train.staleness=1", "train.weight_transport=collective"]
+OVERLAP = ["train.weights.staleness=1", "train.weights.transport=collective"]
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +178,7 @@ def calm_overlapped(ray_local, quick_world, tmp_path_factory):
 def test_worker_killed_under_broadcast_weights_with_staleness_one(
     calm_overlapped, quick_world, tmp_path
 ):
-    """train.staleness=1 with train.weight_transport=collective: a rollout worker
+    """train.weights.staleness=1 with train.weights.transport=collective: a rollout worker
     SIGKILLed early in iteration 1 (while it rolls out on v0 beside the update) is
     restarted by Ray, loads the version its share was sampled with and redoes it,
     then the newest; the broadcast group is formed again with it. Every version and
@@ -209,7 +209,7 @@ def test_worker_killed_under_broadcast_weights_with_staleness_one(
 
 # ------------------------------------------------------ a learner rank killed
 
-TWO = ["train.learners=2"]
+TWO = ["train.learner.count=2"]
 
 
 def _final_digest(run) -> str:
@@ -235,7 +235,7 @@ def test_learner_rank_killed_is_recovered_from_the_last_checkpoint(
 ):
     """Learner rank 1 SIGKILLed after iteration 1's row: the group is stopped with
     one line (no traceback from the surviving rank), formed again from the last
-    checkpoint (train.checkpoint_every=1: at most one iteration redone) and the run
+    checkpoint (train.checkpoints.every=1: at most one iteration redone) and the run
     goes on by itself. metrics.jsonl holds every iteration once, and the rows and the
     final weights equal the uninterrupted run's."""
     calm, calm_digest, _ = calm_group

@@ -25,7 +25,7 @@ def _touch(run: Path, *its: int) -> None:
 
 
 def test_keep_checkpoints_keeps_the_newest_and_the_pinned(tmp_path):
-    cfg = load_config(None, ["train.keep_checkpoints=2", "train.checkpoint_at=[10]"])
+    cfg = load_config(None, ["train.checkpoints.keep=2", "train.checkpoints.at=[10]"])
     _touch(tmp_path, 5, 10, 15, 20, 25)
     gone = prune_checkpoints(tmp_path, cfg)
     left = sorted(p.stem for p in (tmp_path / "checkpoints").glob("*.pt"))
@@ -57,7 +57,7 @@ def test_checkpoints_of_both_layouts_are_listed_by_iteration_and_leftovers_prune
         "it_00020.pt",
     ]
     assert latest_checkpoint(tmp_path).name == "it_00020.pt"  # never a half-written one
-    cfg = load_config(None, ["train.keep_checkpoints=2", "train.checkpoint_at=[10]"])
+    cfg = load_config(None, ["train.checkpoints.keep=2", "train.checkpoints.at=[10]"])
     gone = sorted(p.name for p in prune_checkpoints(tmp_path, cfg))
     assert gone == ["it_00005.pt", "it_00025.dcp", "it_00030.dcp.partial"]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
@@ -90,9 +90,9 @@ def _loop(overrides):
 
 
 def test_eval_every_iterations_or_every_n_training_nfes():
-    loop = _loop(["train.eval_every=3"])
+    loop = _loop(["train.eval.every=3"])
     assert [it for it in range(8) if loop.eval_due(it)] == [0, 3, 6]
-    loop = _loop(["train.eval_every_nfe=1000"])
+    loop = _loop(["train.eval.every_nfe=1000"])
     due = []
     for it in range(8):  # 400 training NFEs per iteration
         if loop.eval_due(it):

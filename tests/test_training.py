@@ -49,20 +49,20 @@ def test_two_iterations_with_two_workers(ray_local, quick_world, tmp_path):
     assert list((run / "samples").glob("*.png"))
     assert (run / "curves.png").stat().st_size > 10_000  # the run's curves, redrawn per checkpoint
     cfg = (run / "config.yaml").read_text()
-    assert "workers: 2" in cfg
+    assert "workers:\n    count: 2" in cfg
 
 
 @pytest.fixture(scope="module")
 def overlapped(ray_local, quick_world, tmp_path_factory):
-    """A 4-iteration run with train.staleness=1, weights by the object store."""
+    """A 4-iteration run with train.weights.staleness=1, weights by the object store."""
     out = tmp_path_factory.mktemp("overlap")
-    return _run(quick_world, out, "overlap", 4, extra=["train.staleness=1"])
+    return _run(quick_world, out, "overlap", 4, extra=["train.weights.staleness=1"])
 
 
 def test_staleness_one_rolls_out_the_next_iteration_beside_the_update(
     overlapped, quick_world, tmp_path
 ):
-    """train.staleness=1: iteration i+1 is sampled with v_i while the learner updates on
+    """train.weights.staleness=1: iteration i+1 is sampled with v_i while the learner updates on
     iteration i, so from the second iteration on every batch is learned one version
     late (recorded as weight_lag); the run still trains, evaluates and finishes."""
     run = overlapped
@@ -89,7 +89,7 @@ def test_staleness_one_with_broadcast_weights_computes_the_same_run(
         tmp_path,
         "overlap-broadcast",
         4,
-        extra=["train.staleness=1", "train.weight_transport=collective"],
+        extra=["train.weights.staleness=1", "train.weights.transport=collective"],
     )
     rows = read_metrics(run)
     assert {r["weights_via"] for r in rows} == {"collective"}
@@ -137,7 +137,7 @@ def test_stale_trajectories_and_bad_weights_are_refused(quick_world):
     from g2rpo.common.config import load_config
 
     cfg = load_config(
-        None, [*SMALL, f"model.pretrained={quick_world / 'pipeline'}", "train.workers=1"]
+        None, [*SMALL, f"model.pretrained={quick_world / 'pipeline'}", "train.workers.count=1"]
     )
     learner = LearnerCore(cfg)
     worker = RolloutWorkerCore(cfg, 0)
@@ -197,7 +197,7 @@ def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(
     calm, quick_world, tmp_path
 ):
     """A rollout worker frozen mid-run (SIGSTOP) holds the iteration only until
-    train.rollout_timeout_s: it is killed, Ray restarts it, its share is redone once,
+    train.workers.rollout_timeout_s: it is killed, Ray restarts it, its share is redone once,
     and the run's numbers are those of a calm run (nothing trained twice or lost).
     tests/test_training_group.py does the same in a 2-learner group."""
     import json
@@ -209,7 +209,7 @@ def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(
         return {"pid": pid}
 
     thread, frozen = when_first_row(tmp_path / "frozen", freeze)
-    rows = _run(quick_world, tmp_path, "frozen", 3, extra=["train.rollout_timeout_s=20"])
+    rows = _run(quick_world, tmp_path, "frozen", 3, extra=["train.workers.rollout_timeout_s=20"])
     rows = _strip(read_metrics(rows))
     thread.join(timeout=5)
     run_dir = tmp_path / "frozen"
@@ -255,7 +255,7 @@ def test_redis_discovery_status_and_prometheus_export(ray_local, quick_world, tm
             f"run.output_dir={tmp_path}",
             "run.name=live",
             "run.iterations=2",
-            "train.metrics_port=0",
+            "train.metrics.port=0",
             "train.reward.replicas=0",
         ]
         train(None, over, progress=False, redis_url=redis.url)
@@ -304,7 +304,7 @@ def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
     per_iteration = 2 * (algorithm_nfe(g2rpo_plan(2, 6, 4, [0, 1], [1, 2])) + 2 * 2)
     budget = int(2.5 * per_iteration)  # two iterations fit, a third would pass it
     run = _run(
-        quick_world, tmp_path, "budget", 50, ["train.eval_every=10", f"run.nfe_budget={budget}"]
+        quick_world, tmp_path, "budget", 50, ["train.eval.every=10", f"run.nfe_budget={budget}"]
     )
     rows = read_metrics(run)
     assert [r["nfe_train_total"] for r in rows] == [per_iteration, 2 * per_iteration]

@@ -14,7 +14,7 @@ from g2rpo.orchestration.driver import read_metrics, train
 from servers import local_ray
 from small_run import small_train, when_first_row
 
-TWO = ["train.learners=2"]
+TWO = ["train.learner.count=2"]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_two_learner_run_resumes_exactly_and_on_one_learner(calm, quick_world, t
     source = resolve_policy(part, checkpoint="2")
     assert source.weights.name == "it_00002.dcp"
     evaluated = load_policy(source).transformer.state_dict()
-    resumed = LearnerCore(load_config(part / "config.yaml", ["train.learners=1"]))
+    resumed = LearnerCore(load_config(part / "config.yaml", ["train.learner.count=1"]))
     assert resumed.load(str(source.weights)) == 2
     learned = resumed.trained_state()
     assert sorted(evaluated) == sorted(learned)
@@ -68,7 +68,7 @@ def test_two_learner_run_resumes_exactly_and_on_one_learner(calm, quick_world, t
     train(None, [], resume=part, progress=False)
     assert _strip(read_metrics(part)) == calm  # bitwise, as one learner resumes
 
-    train(None, ["train.learners=1"], resume=alone, progress=False)
+    train(None, ["train.learner.count=1"], resume=alone, progress=False)
     rows = _strip(read_metrics(alone))
     assert rows[:2] == calm[:2]
     # iteration 2 samples with the weights the group checkpointed, loaded exactly
@@ -93,7 +93,7 @@ def test_worker_killed_under_broadcast_weights_changes_nothing(calm, quick_world
         return {"pid": pid}
 
     thread, killed = when_first_row(tmp_path / "killed", kill)
-    run = _run(quick_world, tmp_path, "killed", 3, ["train.weight_transport=collective"])
+    run = _run(quick_world, tmp_path, "killed", 3, ["train.weights.transport=collective"])
     thread.join(timeout=5)
     assert "pid" in killed
     record = json.loads((run / "actors.json").read_text())
@@ -108,7 +108,7 @@ def test_frozen_worker_in_a_two_learner_group_is_restarted_and_redone_once(
     calm, quick_world, tmp_path
 ):
     """A rollout worker frozen mid-run (SIGSTOP) holds the iteration only until
-    train.rollout_timeout_s: it is killed, Ray restarts it, its share is redone once,
+    train.workers.rollout_timeout_s: it is killed, Ray restarts it, its share is redone once,
     and the group's numbers are those of the calm run (nothing trained twice or lost)."""
 
     def freeze(record):
@@ -117,7 +117,7 @@ def test_frozen_worker_in_a_two_learner_group_is_restarted_and_redone_once(
         return {"pid": pid}
 
     thread, frozen = when_first_row(tmp_path / "frozen", freeze)
-    run = _run(quick_world, tmp_path, "frozen", 3, ["train.rollout_timeout_s=20"])
+    run = _run(quick_world, tmp_path, "frozen", 3, ["train.workers.rollout_timeout_s=20"])
     thread.join(timeout=5)
     assert "pid" in frozen
     record = json.loads((run / "actors.json").read_text())

@@ -1,4 +1,4 @@
-"""The weight broadcast's own group (train.weight_transport: collective): the bucket
+"""The weight broadcast's own group (train.weights.transport: collective): the bucket
 layout, and a real gloo broadcast between processes, including a member that dies."""
 
 import multiprocessing as mp

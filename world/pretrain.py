@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..common.errors import UsageError
 from ..common.shapes import SPLIT_SEED, split_combinations
 from .clip_reward import build_processor, train_clip_reward
 from .flow import train_flow
@@ -56,7 +57,7 @@ def pretrain(out: str | Path, *, quick: bool = False, seed: int = 0, progress: b
 
     out = Path(out)
     if (out / "pipeline").exists():
-        raise FileExistsError(f"{out / 'pipeline'} already exists; choose another --out")
+        raise UsageError(f"{out / 'pipeline'} already exists; choose another --out")
     settings = QUICK if quick else FULL
     timings: dict[str, float] = {}
     start = time.perf_counter()

@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from ...common.errors import UsageError
 from .checkpoint import CheckpointMismatch, load_state_dict
 
 KINDS = ("hpsv2", "dfn5b_clip", "openclip", "image_reward")
@@ -79,7 +80,7 @@ def convert_reward(
 ) -> dict:
     """Convert ``src`` into ``out``; returns what conversion.json records."""
     if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        raise UsageError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     src, out = Path(src).expanduser(), Path(out).expanduser()
     state = load_state_dict(src)
     what = f"{kind} checkpoint {src}"
@@ -107,7 +108,7 @@ def convert_reward(
         from .tokenizers import clip_tokenizer
 
         if kind == "openclip" and openclip_config is None:
-            raise ValueError("kind openclip needs --openclip-config (its open_clip_config.json)")
+            raise UsageError("kind openclip needs --openclip-config (its open_clip_config.json)")
         arch, mean, std, resize = _openclip_arch(kind, openclip_config and Path(openclip_config))
         if head_width:
             arch = replace(arch, vision_head_width=head_width)

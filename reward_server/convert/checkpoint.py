@@ -11,8 +11,10 @@ from pathlib import Path
 
 import torch
 
+from ...common.errors import G2RPOError, ModelPathError
 
-class CheckpointMismatch(ValueError):
+
+class CheckpointMismatch(G2RPOError, ValueError):
     """An original checkpoint that does not have the layout the conversion expects."""
 
 
@@ -21,7 +23,7 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     file, with a DataParallel ``module.`` prefix removed."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+        raise ModelPathError(f"checkpoint {str(path)!r} does not exist")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 

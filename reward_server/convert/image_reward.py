@@ -14,7 +14,7 @@ import math
 import torch
 
 from ..scorers.image_reward_model import HEAD_WIDTHS, ImageRewardConfig
-from .checkpoint import TensorLedger, require
+from .checkpoint import CheckpointMismatch, TensorLedger, require
 
 IGNORABLE = ("position_ids",)
 _MLP_INDEX = (0, 2, 4, 6, 7)  # the Linear layers of ImageReward's MLP (Dropouts between)
@@ -33,7 +33,7 @@ def image_reward_config(state: dict[str, torch.Tensor], head_width: int, what: s
     twidth = words.shape[1]
     for width in (vwidth, twidth):
         if width % head_width:
-            raise ValueError(f"{what}: head width {head_width} does not divide {width}")
+            raise CheckpointMismatch(f"{what}: head width {head_width} does not divide {width}")
     ledger = TensorLedger(state, what)
     vision = dict(
         hidden_size=vwidth,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checkpoint import TensorLedger, require
+from .checkpoint import CheckpointMismatch, TensorLedger, require
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -67,14 +67,16 @@ def clip_config_from_openclip(state: dict[str, torch.Tensor], arch: OpenClipArch
     grid = math.isqrt(vpos.shape[0] - 1)
     if grid * grid != vpos.shape[0] - 1:
         rows = vpos.shape[0]
-        raise ValueError(f"{what}: visual.positional_embedding has {rows} rows, not 1 + n²")
+        raise CheckpointMismatch(f"{what}: visual.positional_embedding has {rows} rows, not 1 + n²")
     twidth = tok.shape[1]
     for width, head, field in (
         (vwidth, arch.vision_head_width, "vision_head_width"),
         (twidth, arch.text_head_width, "text_head_width"),
     ):
         if width % head:
-            raise ValueError(f"{what}: {field} {head} does not divide the tower width {width}")
+            raise CheckpointMismatch(
+                f"{what}: {field} {head} does not divide the tower width {width}"
+            )
     act = "quick_gelu" if arch.quick_gelu else "gelu"
     vocab = tok.shape[0]
     text = dict(

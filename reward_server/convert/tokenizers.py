@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
+from ...common.errors import UsageError
 from ...common.loaders import resolve_local_dir
 
 # open_clip's SimpleTokenizer keeps the first 49,152 − 256 − 2 merges of the file
@@ -44,7 +45,7 @@ def clip_tokenizer(source: str | Path, context_length: int, vocab_size: int, wha
         tok = AutoTokenizer.from_pretrained(local, local_files_only=True)
         tok.model_max_length = context_length
     if len(tok) != vocab_size:
-        raise ValueError(
+        raise UsageError(
             f"{what}: the tokenizer at {source} has {len(tok)} tokens but the checkpoint's "
             f"token embedding has {vocab_size} rows — give the tokenizer the model was trained with"
         )
@@ -64,7 +65,7 @@ def blip_bert_tokenizer(source: str | Path, max_length: int, vocab_size: int, wh
         tok.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
     tok.model_max_length = max_length
     if len(tok) != vocab_size:
-        raise ValueError(
+        raise UsageError(
             f"{what}: the tokenizer at {source} has {len(tok)} tokens (with [DEC], [ENC]) but "
             f"the checkpoint's word embedding has {vocab_size} rows — give bert-base-uncased"
         )

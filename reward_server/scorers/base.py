@@ -6,6 +6,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from ...common.errors import UsageError
+
 
 class BadInput(ValueError):
     """Input rejected by a scorer; the message names the field."""
@@ -42,7 +44,7 @@ def torch_dtype(name: str, device: str):
     if name == "auto":
         return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
     if name not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {name!r}")
+        raise UsageError(f"dtype must be auto, float32, bfloat16 or float16, got {name!r}")
     return getattr(torch, name)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from ...common.errors import UsageError
 from ...common.paths import resolve_path
 from .base import Scorer
 
@@ -23,11 +24,11 @@ def _jpeg(quality: int = 95, **_) -> Scorer:
 
 def _local_dir(name: str, path, default: Path | None, kind: str | None) -> Path:
     if path is None and default is None:
-        raise ValueError(f"scorer {name!r} needs path= (a local checkpoint directory)")
+        raise UsageError(f"scorer {name!r} needs path= (a local checkpoint directory)")
     # a relative path as the trainer's model paths: working dir, then the project root
     path = resolve_path(Path(path).expanduser()) if path else Path(default)
     if kind and path.is_file():
-        raise ValueError(
+        raise UsageError(
             f"scorer {name!r}: {path} is the original checkpoint file; convert it once with "
             f"`g2rpo convert-reward {kind} {path} OUT_DIR --tokenizer TOKENIZER` and serve OUT_DIR"
         )
@@ -74,5 +75,5 @@ def scorer_names() -> list[str]:
 def make_scorer(name: str, **kwargs) -> Scorer:
     registry = _registry()
     if name not in registry:
-        raise ValueError(f"unknown scorer {name!r}; known: {', '.join(sorted(registry))}")
+        raise UsageError(f"unknown scorer {name!r}; known: {', '.join(sorted(registry))}")
     return registry[name](**kwargs)
