@@ -1,0 +1,135 @@
+"""The tree a newcomer reads: no import cycle between the top-level folders, the
+layering docs/design.md describes, and its module map naming exactly the modules
+there are."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = [
+    "common",
+    "reward_server",
+    "rollout_worker",
+    "learner",
+    "run_directory",
+    "world",
+    "evaluation",
+    "planning",
+    "orchestration",
+    "benchmarks",
+    "g2rpo",
+]
+# Each folder may import only the folders listed before it here (and itself).
+LAYERS = {
+    "common": set(),
+    "reward_server": {"common"},
+    "rollout_worker": {"common", "reward_server"},
+    "learner": {"common", "rollout_worker"},
+    "run_directory": {"common", "learner"},
+    "world": {"common", "reward_server", "rollout_worker"},
+    "evaluation": {"common", "reward_server", "rollout_worker", "learner", "run_directory"},
+    "planning": {"common", "rollout_worker", "learner", "evaluation", "world"},
+    "orchestration": {
+        "common",
+        "reward_server",
+        "rollout_worker",
+        "learner",
+        "run_directory",
+        "evaluation",
+        "planning",
+    },
+    "benchmarks": {"common", "reward_server", "rollout_worker", "learner"},
+    "g2rpo": set(FOLDERS),
+}
+
+
+def _modules(folder: str) -> list[Path]:
+    return sorted(p for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def imported_folders(path: Path, root: Path = ROOT) -> set[str]:
+    """The top-level folders a module imports from (relative or ``g2rpo.`` imports,
+    at module level or inside functions)."""
+    rel = path.relative_to(root).with_suffix("").parts
+    package = list(rel[1:-1]) if rel[0] == "g2rpo" else list(rel[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - (node.level - 1)]
+            target = base + (node.module.split(".") if node.module else [])
+            names = [a.name for a in node.names] if not target else [target[0]]
+            out.update(names if not target else [target[0]])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("g2rpo."):
+            out.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split(".")[1] for a in node.names if a.name.startswith("g2rpo."))
+    folder = rel[0]
+    return {f for f in out if f in FOLDERS and f != folder} - (
+        {"g2rpo"} if folder == "g2rpo" else set()
+    )
+
+
+def folder_graph() -> dict[str, set[str]]:
+    graph = {f: set() for f in FOLDERS}
+    for folder in FOLDERS:
+        for path in _modules(folder):
+            graph[folder] |= imported_folders(path)
+    return graph
+
+
+def test_each_folder_imports_only_the_layers_below_it():
+    graph = folder_graph()
+    wrong = {f: sorted(graph[f] - LAYERS[f]) for f in FOLDERS if graph[f] - LAYERS[f]}
+    assert not wrong, f"imports against the layering: {wrong}"
+
+
+def test_the_folder_graph_has_no_cycle():
+    graph = folder_graph()
+
+    def reaches(a: str, b: str) -> bool:
+        seen, stack = set(), [a]
+        while stack:
+            for nxt in graph[stack.pop()]:
+                if nxt == b:
+                    return True
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return False
+
+    cycles = [(a, b) for a in FOLDERS for b in graph[a] if reaches(b, a)]
+    assert not cycles, f"import cycles between folders: {cycles}"
+
+
+def test_the_checker_sees_every_kind_of_import(tmp_path):
+    """Relative imports upward (also inside a function) and ``g2rpo.`` imports."""
+    probe = tmp_path / "common" / "sub" / "probe.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(
+        "from ...orchestration.driver import train\n"
+        "from . import sibling\n"
+        "def f():\n    from ...learner import trainer\n"
+        "import g2rpo.world.pretrain\n"
+    )
+    assert imported_folders(probe, tmp_path) == {"orchestration", "learner", "world"}
+
+
+def test_the_design_module_map_names_every_module_and_no_other():
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    named = {
+        m
+        for m in re.findall(r"`([a-z_0-9]+/[a-z_0-9/]+\.py)`", section)
+        if m.split("/")[0] in FOLDERS
+    }
+    actual = {
+        str(p.relative_to(ROOT))
+        for folder in FOLDERS
+        for p in _modules(folder)
+        if p.name != "__init__.py" and "scorers" not in p.parts and "convert" not in p.parts
+    }
+    assert sorted(actual - named) == [], "modules missing from docs/design.md's module map"
+    assert sorted(named - actual) == [], "docs/design.md names modules that do not exist"
