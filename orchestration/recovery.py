@@ -23,6 +23,7 @@ import time
 
 import ray
 
+from ..common.errors import RunFailed
 from ..learner.group import LearnerGroup, LearnerRankDied
 from ..run_directory.files import read_metrics
 from .budget import Budget
@@ -52,7 +53,7 @@ def run_with_recovery(loop, start: int, end: int, progress: bool) -> int:
             died = LearnerRankDied(rank, "a call", exc)
         failures += 1
         if failures > allowed:
-            raise RuntimeError(
+            raise RunFailed(
                 f"{died}; the learner group was stopped (run.max_failures={allowed}: "
                 f"{failures - 1} recovered in this session): resume with "
                 f"g2rpo train --resume {loop.run_dir}"

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -55,9 +56,34 @@ def flux_cond(num_prompts: int, seed: int = 1) -> dict[str, torch.Tensor]:
     }
 
 
+WORLD = Path(__file__).resolve().parents[1] / "assets" / "shapes-world"
+
+
+@pytest.fixture(scope="session")
+def world() -> Path:
+    """The committed default world (assets/shapes-world), the one README's train
+    command uses: read by the tests, never written."""
+    return WORLD
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the session's Ray tests (servers.start_local_ray), shut down
+    at the end. tests/test_placement.py swaps in a two-node cluster of its own for its
+    module and starts this one again after."""
+    import ray
+    from servers import start_local_ray
+
+    if not ray.is_initialized():
+        start_local_ray()
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def quick_world(tmp_path_factory):
-    """`g2rpo pretrain --quick` run once per session as a real process (about a minute)."""
+    """`g2rpo pretrain --quick` run once per session as a real process (about a
+    minute): only tests/test_world.py, which checks what pretrain writes."""
     import subprocess
 
     from g2rpo.reward_server.process import g2rpo_executable
@@ -84,3 +110,34 @@ def quick_world(tmp_path_factory):
     assert res.returncode == 0, res.stderr[-2000:]
     assert "wrote" in res.stdout
     return out
+
+
+# Training runs that several test files compare with. Each is the small setting of
+# tests/small_run.py, trained once per session; tests read its directory, never write it.
+
+
+@pytest.fixture(scope="session")
+def calm_run(ray_local, world, tmp_path_factory):
+    """The uninterrupted 3-iteration run (1 learner, weights by the object store)."""
+    from small_run import small_train
+
+    return small_train(world, tmp_path_factory.mktemp("calm"), "calm", 3)
+
+
+@pytest.fixture(scope="session")
+def calm_group_run(ray_local, world, tmp_path_factory):
+    """The uninterrupted 3-iteration run of a 2-learner group (FSDP2 over gloo)."""
+    from small_run import small_train
+
+    out = tmp_path_factory.mktemp("calm-group")
+    return small_train(world, out, "calm-group", 3, ["train.learner.count=2"])
+
+
+@pytest.fixture(scope="session")
+def overlapped_broadcast_run(ray_local, world, tmp_path_factory):
+    """The uninterrupted 4-iteration overlapped run (train.weights.staleness=1) whose
+    weights are broadcast by the workers' collective group (1 learner)."""
+    from small_run import OVERLAPPED_BROADCAST, small_train
+
+    out = tmp_path_factory.mktemp("overlap-broadcast")
+    return small_train(world, out, "overlap-broadcast", 4, OVERLAPPED_BROADCAST)

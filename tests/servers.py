@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from g2rpo.common.net import free_port
@@ -16,26 +19,25 @@ G2RPO = g2rpo_executable()
 __all__ = [
     "G2RPO",
     "PrometheusServer",
+    "RayHead",
     "RedisServer",
     "RewardServerProcess",
     "free_port",
-    "local_ray",
+    "start_local_ray",
 ]
 
 
-@contextmanager
-def local_ray(num_cpus: int, object_store_mb: int | None = None):
-    """A local Ray of ``num_cpus`` CPUs for a test module (no dashboard, no worker
-    logs, no auth), shut down afterwards."""
+def start_local_ray() -> None:
+    """The tests' local Ray in this process: 6 CPUs (2 rollout workers, up to 2
+    learners, the job's reward replica and the evaluator, 1 each), no dashboard, no
+    worker logs, no auth. Started by ``ray.init`` (not ``ray start``), so it leaves no
+    address file behind: a ``g2rpo train`` process a test starts gets a Ray of its own."""
     import ray
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    extra = {} if object_store_mb is None else {"object_store_memory": object_store_mb * 2**20}
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, **extra)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    ray.init(
+        num_cpus=6, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20
+    )
 
 
 class RedisServer:
@@ -119,3 +121,89 @@ class PrometheusServer:
         self.proc.terminate()
         self.proc.wait(timeout=30)
         self.log.close()
+
+
+AGENT_PORTS = (
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+    "ray-client-server-port",
+)
+
+
+class RayHead:
+    """``ray start --head --block`` as a process group of its own, under a temp dir of
+    its own (its address file is nobody else's default), with the job server on a
+    free loopback port. ``stop()`` signals that group and then whatever still names
+    the temp dir: only the processes this head started, never another Ray."""
+
+    def __init__(self, num_cpus: int, log: Path) -> None:
+        ray = shutil.which("ray") or os.path.join(os.path.dirname(sys.executable), "ray")
+        # short: Ray's socket paths under the temp dir must fit in 107 bytes
+        self.temp_dir = tempfile.mkdtemp(prefix="g2rpo-head-", dir="/tmp")
+        self.port, dashboard = free_port(), free_port()
+        self.dashboard_url = f"http://127.0.0.1:{dashboard}"
+        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        self.env.pop("RAY_ADDRESS", None)
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(
+            [
+                ray,
+                "start",
+                "--head",
+                "--block",
+                f"--port={self.port}",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={dashboard}",
+                f"--num-cpus={num_cpus}",
+                f"--temp-dir={self.temp_dir}",
+                "--disable-usage-stats",
+                # ports of its own: a Ray already on this machine (the session's, a
+                # user's) holds the defaults, and a job agent that cannot bind never
+                # takes a job
+                *(f"--{name}={free_port()}" for name in AGENT_PORTS),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+        )
+        try:  # `ray start` says so once the head and its job agent are up
+            deadline = time.monotonic() + 180
+            while "Ray runtime started" not in log.read_text():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"ray start --head did not start: see {log}")
+                time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _left(self) -> list:
+        import psutil
+
+        left = []
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                if any(self.temp_dir in arg for arg in proc.info["cmdline"] or ()):
+                    left.append(proc)
+            except psutil.Error:
+                pass
+        return left
+
+    def stop(self) -> None:
+        import psutil
+
+        self.proc.send_signal(signal.SIGTERM)  # `ray start --block` stops what it started
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):  # then the rest of its process group
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        _, alive = psutil.wait_procs(self._left(), timeout=30)
+        for proc in alive:  # ours by construction: they name this head's temp dir
+            proc.kill()
+        self.log.close()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)

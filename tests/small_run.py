@@ -1,4 +1,4 @@
-"""The small training setting the Ray and learner tests share (quick world, 32-px
+"""The small training setting the Ray and learner tests share (committed world, 32-px
 images, a 6-step grid); a test file appends only what it changes."""
 
 SMALL_RUN = [
@@ -17,9 +17,12 @@ SMALL_RUN = [
     "rewards=[{name: shapes_clip}]",
 ]
 
+# the overlapped run whose weights are broadcast (conftest's overlapped_broadcast_run)
+OVERLAPPED_BROADCAST = ["train.weights.staleness=1", "train.weights.transport=collective"]
+
 
 def small_train(world, out, name, iterations, extra=(), **kw):
-    """``g2rpo train`` of the small setting on ``world`` (the quick world), scored by
+    """``g2rpo train`` of the small setting on ``world`` (conftest's), scored by
     a job-started reward server with the world's shapes_clip."""
     from g2rpo.orchestration.driver import train
 

@@ -303,7 +303,7 @@ def test_bench_weights_refuses_an_unknown_mode():
     assert out.returncode == 2 and "fp8" in out.stderr and "full_bf16" in out.stderr
 
 
-def test_bench_precision_measures_the_ratio_before_any_update(quick_world):
+def test_bench_precision_measures_the_ratio_before_any_update(world):
     """float32 on both sides reproduces the rollout's log-probs; bf16 rollout weights
     halve the bytes pushed and move the ratio off 1 (what the docs measure);
     FSDP2's mixed-precision learner runs on a one-rank group."""
@@ -312,7 +312,7 @@ def test_bench_precision_measures_the_ratio_before_any_update(quick_world):
         "bench",
         "precision",
         "--set",
-        f"model.pretrained={quick_world / 'pipeline'}",
+        f"model.pretrained={world / 'pipeline'}",
         "--prompts",
         "2",
         "--settings",

@@ -1,4 +1,4 @@
-"""``g2rpo compare`` end to end on the quick world: a 2-run, 2-iteration comparison
+"""``g2rpo compare`` end to end on the committed world: a 2-run, 2-iteration comparison
 through real ``g2rpo train`` processes (local Ray, a real reward server), evaluated
 on fixed noise; resumed without retraining; refused when the spec changes a run;
 and its HTML report (and a run's) rendered in headless Chromium."""
@@ -48,9 +48,9 @@ eval: {{splits: [held_out], prompts_per_split: 4, samples_per_prompt: 2}}
 
 
 @pytest.fixture(scope="module")
-def compared(quick_world, tmp_path_factory):
+def compared(world, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compare")
-    spec = load_spec(_spec_file(tmp, quick_world))
+    spec = load_spec(_spec_file(tmp, world))
     root = compare(spec, progress=False)
     return tmp, spec, root
 
@@ -87,13 +87,13 @@ def test_compare_trains_evaluates_and_writes_its_files(compared):
     assert evals[-1].name == "it_00002.json"
 
 
-def test_compare_again_resumes_without_retraining_and_refuses_a_changed_spec(compared, quick_world):
+def test_compare_again_resumes_without_retraining_and_refuses_a_changed_spec(compared, world):
     tmp, spec, root = compared
     log = root / "runs" / "dancegrpo-s0" / "train.log"
     size = log.stat().st_size
     compare(spec, progress=False)
     assert log.stat().st_size == size  # finished runs are skipped
-    changed = load_spec(_spec_file(tmp, quick_world, dance_lr="3.0e-4"))
+    changed = load_spec(_spec_file(tmp, world, dance_lr="3.0e-4"))
     with pytest.raises(SpecChanged, match=r"dancegrpo-s0.*optim\.lr"):
         compare(changed, progress=False)
 
@@ -132,8 +132,8 @@ def test_eval_threads_and_a_run_ending_at_the_equal_iterations_view(compared, tm
         assert at == budget and at["model"]["kind"] == "run-final"
 
 
-def test_spec_errors_name_the_field(tmp_path, quick_world):
-    path = _spec_file(tmp_path, quick_world)
+def test_spec_errors_name_the_field(tmp_path, world):
+    path = _spec_file(tmp_path, world)
     with pytest.raises(ConfigError, match="exactly one of nfe and iterations"):
         load_spec(path, ["budget.nfe=100"])
     with pytest.raises(ConfigError, match=r"methods\.dancegrpo"):

@@ -1,4 +1,4 @@
-"""``g2rpo eval`` on the quick world: fixed noise makes a model compared with itself
+"""``g2rpo eval`` on the committed world: fixed noise makes a model compared with itself
 (or with a zero LoRA) differ by exactly nothing; trained weights do differ; every
 kind of target loads, and a wrong one is named."""
 
@@ -28,14 +28,14 @@ def _zero(summary):
             assert (iv["mean"], iv["lo"], iv["hi"]) == (0.0, 0.0, 0.0), metric
 
 
-def test_a_pipeline_against_itself_differs_by_exactly_nothing(quick_world, tmp_path):
-    pipe = quick_world / "pipeline"
+def test_a_pipeline_against_itself_differs_by_exactly_nothing(world, tmp_path):
+    pipe = world / "pipeline"
     summary, paths = eval_command(
         str(pipe),
         base=str(pipe),
         out=str(tmp_path / "ev"),
         progress=False,
-        scorers=_scorers(quick_world),
+        scorers=_scorers(world),
         **SMALL_EVAL,
     )
     _zero(summary)
@@ -51,12 +51,12 @@ def test_a_pipeline_against_itself_differs_by_exactly_nothing(quick_world, tmp_p
     assert "model − base" in paths["markdown"].read_text()
 
 
-def test_an_untrained_lora_export_is_the_base_and_a_trained_one_is_not(quick_world, tmp_path):
+def test_an_untrained_lora_export_is_the_base_and_a_trained_one_is_not(world, tmp_path):
     cfg = load_config(
         None,
         [
             *SMALL_RUN,
-            f"model.pretrained={quick_world / 'pipeline'}",
+            f"model.pretrained={world / 'pipeline'}",
             "model.lora.rank=4",
             "model.lora.alpha=8",
         ],
@@ -65,10 +65,10 @@ def test_an_untrained_lora_export_is_the_base_and_a_trained_one_is_not(quick_wor
     learner.export(str(tmp_path / "zero"))  # B = 0: exactly the base model
     summary, _ = eval_command(
         str(tmp_path / "zero"),
-        base=str(quick_world / "pipeline"),
+        base=str(world / "pipeline"),
         out=str(tmp_path / "ev0"),
         progress=False,
-        scorers=_scorers(quick_world),
+        scorers=_scorers(world),
         **SMALL_EVAL,
     )
     _zero(summary)
@@ -79,17 +79,17 @@ def test_an_untrained_lora_export_is_the_base_and_a_trained_one_is_not(quick_wor
     learner.export(str(tmp_path / "moved"))
     moved, _ = eval_command(
         str(tmp_path / "moved"),
-        base=str(quick_world / "pipeline"),
+        base=str(world / "pipeline"),
         out=str(tmp_path / "ev1"),
         progress=False,
-        scorers=_scorers(quick_world),
+        scorers=_scorers(world),
         **SMALL_EVAL,
     )
     assert moved["splits"]["held_out"]["vs_base"]["shapes_clip"]["mean"] != 0.0
     assert moved["model"]["kind"] == "lora"
 
 
-def test_targets_are_recognised_and_wrong_ones_named(quick_world, tmp_path):
+def test_targets_are_recognised_and_wrong_ones_named(world, tmp_path):
     with pytest.raises(ModelPathError, match="does not exist"):
         resolve_policy(tmp_path / "nowhere")
     with pytest.raises(ModelPathError, match="neither a run directory"):
@@ -100,7 +100,7 @@ def test_targets_are_recognised_and_wrong_ones_named(quick_world, tmp_path):
         resolve_policy(tmp_path / "lora")
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(f"model: {{pretrained: {quick_world / 'pipeline'}}}\n")
+    (run_dir / "config.yaml").write_text(f"model: {{pretrained: {world / 'pipeline'}}}\n")
     (run_dir / "checkpoints" / "it_00002.pt").write_bytes(b"")
     with pytest.raises(ModelPathError, match="it_00002"):
         resolve_policy(run_dir, checkpoint="7")
@@ -108,8 +108,8 @@ def test_targets_are_recognised_and_wrong_ones_named(quick_world, tmp_path):
     assert src.kind == "checkpoint" and src.weights.name == "it_00002.pt"
 
 
-def test_eval_command_as_a_process(quick_world, tmp_path):
-    pipe = str(quick_world / "pipeline")
+def test_eval_command_as_a_process(world, tmp_path):
+    pipe = str(world / "pipeline")
     out = run(
         "eval",
         pipe,
@@ -127,7 +127,7 @@ def test_eval_command_as_a_process(quick_world, tmp_path):
         "4",
         "--json",
         "--scorers",
-        ",".join(_scorers(quick_world)),
+        ",".join(_scorers(world)),
     )
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout)

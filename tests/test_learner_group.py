@@ -12,7 +12,6 @@ from g2rpo.learner.distributed import RankShare
 from g2rpo.learner.group import LearnerGroup
 from g2rpo.learner.trainer import LearnerCore
 from g2rpo.rollout_worker.worker import RolloutWorkerCore
-from servers import local_ray
 from small_run import SMALL_RUN
 
 PROMPTS = [
@@ -22,12 +21,6 @@ PROMPTS = [
     "a yellow star on a black background",
 ]
 LORA = ["model.lora.rank=4", "model.lora.alpha=8", "optim.lr=1e-3"]
-
-
-@pytest.fixture(scope="module")
-def ray_two_learners():
-    with local_ray(2):
-        yield
 
 
 def _cfg(world, *extra):
@@ -75,16 +68,16 @@ def test_each_rank_takes_a_contiguous_share_and_sharded_ranks_pad_to_the_same_co
 
 
 @pytest.mark.parametrize("mode", ["full", "lora", "full_padding"])
-def test_two_rank_update_equals_one_rank_update(ray_two_learners, quick_world, mode, tmp_path):
+def test_two_rank_update_equals_one_rank_update(ray_local, world, mode, tmp_path):
     """full_padding: one prompt of one worker, so each SDE step has one state and
     rank 1 runs only padding passes (it must still take part in every collective)."""
     extra = {"full": [], "lora": LORA, "full_padding": ["sampling.prompts_per_worker=1"]}[mode]
-    cfg = _cfg(quick_world, *extra)
+    cfg = _cfg(world, *extra)
     batches = _batches(cfg, workers=1 if mode == "full_padding" else 2)
     one = LearnerCore(cfg)
     before = one.trained_state()
     stats_one = one.update(batches)
-    group = _group(_cfg(quick_world, "train.learner.count=2", *extra))
+    group = _group(_cfg(world, "train.learner.count=2", *extra))
     try:
         stats_two = group.update(batches)
         after_two = _published(group)

@@ -54,9 +54,9 @@ def _synthetic_trajectories(worker: RolloutWorkerCore, iteration: int, version: 
     )
 
 
-def test_adapters_only_are_published_and_workers_match_the_learner(quick_world, tmp_path):
-    full = LearnerCore(_cfg(quick_world))
-    cfg = _cfg(quick_world, *LORA)
+def test_adapters_only_are_published_and_workers_match_the_learner(world, tmp_path):
+    full = LearnerCore(_cfg(world))
+    cfg = _cfg(world, *LORA)
     learner, worker = LearnerCore(cfg), RolloutWorkerCore(cfg, 0)
     _, full_state, _ = full.weights()
     version, state, checksum = learner.weights()
@@ -90,11 +90,11 @@ def test_adapters_only_are_published_and_workers_match_the_learner(quick_world, 
         worker.load_weights(version, bad, weights_checksum(bad))
 
 
-def test_lora_checkpoint_and_export_load_back(quick_world, tmp_path):
+def test_lora_checkpoint_and_export_load_back(world, tmp_path):
     from diffusers import FluxPipeline
     from g2rpo.common.flux import FluxVelocity
 
-    cfg = _cfg(quick_world, *LORA)
+    cfg = _cfg(world, *LORA)
     learner, worker = LearnerCore(cfg), RolloutWorkerCore(cfg, 0)
     learner.update([_synthetic_trajectories(worker, 0, 0)])
     ckpt = learner.state_dict()
@@ -105,12 +105,12 @@ def test_lora_checkpoint_and_export_load_back(quick_world, tmp_path):
     assert again.weights()[2] == learner.weights()[2] and again.iteration == 1
     # a full-weight checkpoint is not silently loaded into a LoRA run
     with pytest.raises(ValueError, match=r"model\.lora"):
-        again.load_state_dict(LearnerCore(_cfg(quick_world)).state_dict())
+        again.load_state_dict(LearnerCore(_cfg(world)).state_dict())
 
     # the export is what diffusers' own LoRA loader reads
     path = learner.export(str(tmp_path / "final"))
     assert path.endswith("pytorch_lora_weights.safetensors")
-    pipe = FluxPipeline.from_pretrained(quick_world / "pipeline", local_files_only=True)
+    pipe = FluxPipeline.from_pretrained(world / "pipeline", local_files_only=True)
     side = 8  # 32-px images, VAE factor 4
     before = _velocity_out(FluxVelocity(pipe.transformer, side, side))
     pipe.load_lora_weights(tmp_path / "final")
@@ -122,7 +122,7 @@ def test_lora_checkpoint_and_export_load_back(quick_world, tmp_path):
 
 
 @pytest.mark.parametrize("lora", [True, False])
-def test_flowgrpo_kl_is_zero_at_the_reference_and_grows(quick_world, lora):
+def test_flowgrpo_kl_is_zero_at_the_reference_and_grows(world, lora):
     extra = [
         "algorithm.name=flowgrpo",
         "algorithm.flowgrpo.kl_beta=0.5",
@@ -130,7 +130,7 @@ def test_flowgrpo_kl_is_zero_at_the_reference_and_grows(quick_world, lora):
         "optim.step_mode=accumulate",
         *(LORA if lora else []),
     ]
-    cfg = _cfg(quick_world, *extra)
+    cfg = _cfg(world, *extra)
     learner, worker = LearnerCore(cfg), RolloutWorkerCore(cfg, 0)
     first = learner.update([_synthetic_trajectories(worker, 0, 0)])
     assert first["kl"] == 0.0  # one optimizer step, taken after the loss: policy == reference
@@ -140,15 +140,15 @@ def test_flowgrpo_kl_is_zero_at_the_reference_and_grows(quick_world, lora):
     assert second["kl"] > 0.0
 
 
-def test_lora_target_modules_that_match_nothing_name_the_field(quick_world):
+def test_lora_target_modules_that_match_nothing_name_the_field(world):
     with pytest.raises(ValueError, match=r"model\.lora\.target_modules"):
-        LearnerCore(_cfg(quick_world, "model.lora.target_modules=[no_such_layer]"))
+        LearnerCore(_cfg(world, "model.lora.target_modules=[no_such_layer]"))
 
 
-def test_anchor_plan_is_unchanged_by_lora_at_init(quick_world):
+def test_anchor_plan_is_unchanged_by_lora_at_init(world):
     """Evaluation samples of a fresh LoRA run equal the base model's."""
     prompts = PROMPTS
-    base, lora = (RolloutWorkerCore(_cfg(quick_world, *extra), 0) for extra in ([], LORA))
+    base, lora = (RolloutWorkerCore(_cfg(world, *extra), 0) for extra in ([], LORA))
     outs = []
     for w in (base, lora):
         _, _, images = w._sample(anchor_plan(2, 6), prompts, torch.Generator().manual_seed(3))
@@ -156,20 +156,20 @@ def test_anchor_plan_is_unchanged_by_lora_at_init(quick_world):
     assert torch.equal(outs[0], outs[1])
 
 
-def test_adapter_init_depends_on_the_run_seed_only(quick_world):
+def test_adapter_init_depends_on_the_run_seed_only(world):
     torch.manual_seed(123)  # the global RNG must not matter
-    a = LearnerCore(_cfg(quick_world, *LORA)).weights()[2]
+    a = LearnerCore(_cfg(world, *LORA)).weights()[2]
     torch.rand(5)
-    b = LearnerCore(_cfg(quick_world, *LORA)).weights()[2]
-    c = LearnerCore(_cfg(quick_world, *LORA, "run.seed=1")).weights()[2]
+    b = LearnerCore(_cfg(world, *LORA)).weights()[2]
+    c = LearnerCore(_cfg(world, *LORA, "run.seed=1")).weights()[2]
     assert a == b != c
 
 
-def test_compute_dtype_reaches_rollout_and_learner_alike(quick_world):
+def test_compute_dtype_reaches_rollout_and_learner_alike(world):
     """model.dtype=bfloat16: both sides compute under bf16 autocast over fp32 weights."""
-    cfg = _cfg(quick_world, "model.dtype=bfloat16")
+    cfg = _cfg(world, "model.dtype=bfloat16")
     learner, worker = LearnerCore(cfg), RolloutWorkerCore(cfg, 0)
-    fp32 = _velocity_out(RolloutWorkerCore(_cfg(quick_world), 0).model)
+    fp32 = _velocity_out(RolloutWorkerCore(_cfg(world), 0).model)
     on_learner, on_worker = _velocity_out(learner.velocity), _velocity_out(worker.model)
     assert torch.equal(on_learner, on_worker)
     err = float((on_learner - fp32).abs().max())
@@ -178,8 +178,8 @@ def test_compute_dtype_reaches_rollout_and_learner_alike(quick_world):
     assert abs(stats["ratio_mean"] - 1) < 1e-2, stats
 
 
-def test_lora_on_a_bf16_base_trains_fp32_adapters(quick_world):
-    cfg = _cfg(quick_world, *LORA, "model.dtype=bfloat16")
+def test_lora_on_a_bf16_base_trains_fp32_adapters(world):
+    cfg = _cfg(world, *LORA, "model.dtype=bfloat16")
     learner, worker = LearnerCore(cfg), RolloutWorkerCore(cfg, 0)
     for model in (learner.transformer, worker.comps.transformer):
         dtypes = {("lora_" in n, p.dtype) for n, p in model.named_parameters()}
@@ -192,6 +192,6 @@ def test_lora_on_a_bf16_base_trains_fp32_adapters(quick_world):
     assert torch.equal(_velocity_out(worker.model), _velocity_out(learner.velocity))
 
 
-def test_float16_training_is_refused_naming_the_field(quick_world):
+def test_float16_training_is_refused_naming_the_field(world):
     with pytest.raises(ValueError, match=r"model\.dtype float16"):
-        LearnerCore(_cfg(quick_world, "model.dtype=float16"))
+        LearnerCore(_cfg(world, "model.dtype=float16"))

@@ -67,7 +67,7 @@ def _recording_rules() -> list[str]:
     return [r["record"] for g in rules["groups"] for r in g["rules"]]
 
 
-def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(quick_world, tmp_path):
+def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(world, tmp_path):
     prom_dir = tmp_path / "prometheus"
     shutil.copytree(DEPLOY / "prometheus", prom_dir)
     config = (prom_dir / "prometheus.yml").read_text()
@@ -79,7 +79,7 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(quic
     for f in (prom_dir / "targets").glob("*.json"):
         f.unlink()
     reward = RewardServerProcess(
-        "--scorers", f"shapes_clip={quick_world / 'shapes_clip'},shapes_oracle", quiet=True
+        "--scorers", f"shapes_clip={world / 'shapes_clip'},shapes_oracle", quiet=True
     )
     (prom_dir / "targets/reward.json").write_text(
         json.dumps([{"targets": [f"127.0.0.1:{reward.port}"], "labels": {"replica": "r1"}}])
@@ -88,13 +88,13 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(quic
     run_dir = tmp_path / "runs" / "monitored"
     overrides = [
         *SMALL_RUN,
-        f"model.pretrained={quick_world / 'pipeline'}",
+        f"model.pretrained={world / 'pipeline'}",
         f"run.output_dir={tmp_path / 'runs'}",
         "run.name=monitored",
         "run.iterations=200",  # stopped once every query has answered
         # held-out evaluation at iteration 0 only: no paired change is exported, so
         # G2rpoRewardCollapse has no series and the healthy-run check below does not
-        # depend on the quick world's near-0 strict pass rate over 32 samples (the
+        # depend on the world's low strict pass rate over 32 samples (the
         # paired change's CI; tests/test_reward_collapse_alert.py covers that noise)
         "train.eval.every=1000",
         "train.metrics.port=0",

@@ -34,7 +34,7 @@ def test_recipes_validate_with_the_official_settings():
     assert [s.split("=")[0] for s in both.train.reward.scorers] == ["hpsv2", "clip_score"]
 
 
-def test_hps_clip_recipe_trains_two_iterations_with_converted_stand_ins(quick_world, tmp_path):
+def test_hps_clip_recipe_trains_two_iterations_with_converted_stand_ins(world, tmp_path):
     tok = tmp_path / "tok"
     byte_level_clip_tokenizer().save_pretrained(tok)
     dirs = {}
@@ -45,7 +45,7 @@ def test_hps_clip_recipe_trains_two_iterations_with_converted_stand_ins(quick_wo
     small = [s for s in SMALL_RUN if not s.startswith("rewards=")]
     overrides = [
         *small,
-        f"model.pretrained={quick_world / 'pipeline'}",
+        f"model.pretrained={world / 'pipeline'}",
         "model.dtype=float32",
         "model.mixed_precision=autocast",
         "model.rollout_weights_dtype=float32",

@@ -53,11 +53,17 @@ def test_a_local_ray_gets_the_resources_the_config_names():
 
 @pytest.fixture(scope="module")
 def two_nodes():
+    """Two raylets on this machine: the head holds the ``trainer`` and ``scorer`` units
+    (and CPUs to spare: only the custom resources decide), the second ``sampler``.
+    The session's local Ray steps aside for this module and is started again after."""
     from ray.cluster_utils import Cluster
+    from servers import start_local_ray
 
+    session_ray = ray.is_initialized()
+    ray.shutdown()
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={  # CPUs to spare on the head: only the custom resources decide
+        head_node_args={
             "num_cpus": 4,
             "resources": {"trainer": 1, "scorer": 1},
             "object_store_memory": 200 * 2**20,
@@ -68,9 +74,13 @@ def two_nodes():
     )
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
-    yield cluster, sampler
-    ray.shutdown()
-    cluster.shutdown()
+    try:
+        yield cluster, sampler
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        if session_ray:
+            start_local_ray()
 
 
 def _over(world, out, name, *extra):
@@ -85,12 +95,12 @@ def _over(world, out, name, *extra):
     ]
 
 
-def test_actors_land_where_their_resources_are(two_nodes, quick_world, tmp_path):
+def test_actors_land_where_their_resources_are(two_nodes, world, tmp_path):
     cluster, sampler = two_nodes
     run = train(
         None,
         _over(
-            quick_world,
+            world,
             tmp_path,
             "placed",
             "train.workers.resources={sampler: 1}",
@@ -113,17 +123,17 @@ def test_actors_land_where_their_resources_are(two_nodes, quick_world, tmp_path)
     assert not replica["url"].startswith("http://127.")
 
 
-def test_an_unplaceable_request_fails_naming_the_field(two_nodes, quick_world, tmp_path):
+def test_an_unplaceable_request_fails_naming_the_field(two_nodes, world, tmp_path):
     before = ray.cluster_resources()["CPU"]
     with pytest.raises(PlacementError) as err:
         train(
             None,
             _over(
-                quick_world,
+                world,
                 tmp_path,
                 "nowhere",
                 "train.workers.resources={gpu_box: 1}",
-                "train.placement_timeout_s=15",
+                "train.placement_timeout_s=8",
             ),
             progress=False,
         )
@@ -137,7 +147,7 @@ def test_an_unplaceable_request_fails_naming_the_field(two_nodes, quick_world, t
     assert ray.available_resources().get("CPU", 0) == before
 
 
-def test_job_replicas_need_the_job_token_restart_and_stop(two_nodes, quick_world):
+def test_job_replicas_need_the_job_token_restart_and_stop(two_nodes, world):
     import os
     import signal
 
@@ -148,7 +158,7 @@ def test_job_replicas_need_the_job_token_restart_and_stop(two_nodes, quick_world
         None,
         [
             "train.reward.replicas=1",
-            f"train.reward.scorers=[shapes_clip={quick_world / 'shapes_clip'}]",
+            f"train.reward.scorers=[shapes_clip={world / 'shapes_clip'}]",
         ],
     )
     source = RewardSource(cfg, None)
@@ -188,6 +198,6 @@ def test_a_replica_that_cannot_start_says_why(two_nodes):
         with pytest.raises(ray.exceptions.RayTaskError) as err:
             ray.get(source.replicas[0].ready.remote())
         assert "train.reward (scorers no_such_scorer)" in str(err.value)
-        assert "unknown scorer 'no_such_scorer'" in str(err.value)
+        assert "['no_such_scorer']: unknown; known: " in str(err.value)  # the server's words
     finally:
         source.close()

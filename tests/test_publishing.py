@@ -1,5 +1,5 @@
 """Weight publishing by broadcast (train.weights.transport: collective) on real Ray
-actors: a learner and 2 rollout workers of the quick world. A worker that dies
+actors: a learner and 2 rollout workers of the committed world. A worker that dies
 after the group formed and before the broadcast fails that broadcast; the version
 then reaches every worker (the restarted one too) through the object store, and
 the next version is broadcast over a group formed again."""
@@ -8,7 +8,6 @@ import os
 import signal
 import time
 
-import pytest
 import ray
 from g2rpo.common.config import load_config
 from g2rpo.common.config_train import ActorResources
@@ -16,14 +15,7 @@ from g2rpo.learner.group import LearnerGroup
 from g2rpo.orchestration.cluster import RunActors
 from g2rpo.orchestration.publishing import CollectivePublisher
 from g2rpo.rollout_worker.actor import RolloutWorker
-from servers import local_ray
 from small_run import SMALL_RUN
-
-
-@pytest.fixture(scope="module")
-def ray_three():
-    with local_ray(3):
-        yield
 
 
 class DeathBeforeBroadcast(CollectivePublisher):
@@ -43,12 +35,12 @@ def _holds(actors: RunActors) -> list:
     return [tuple(ray.get(w.loaded.remote())) for w in actors.workers]
 
 
-def test_a_failed_broadcast_falls_back_and_the_group_is_formed_again(ray_three, quick_world):
+def test_a_failed_broadcast_falls_back_and_the_group_is_formed_again(ray_local, world):
     cfg = load_config(
         None,
         [
             *SMALL_RUN,
-            f"model.pretrained={quick_world / 'pipeline'}",
+            f"model.pretrained={world / 'pipeline'}",
             "train.weights.transport=collective",
             "train.collective_timeout_s=10",
         ],
@@ -79,7 +71,7 @@ def test_a_failed_broadcast_falls_back_and_the_group_is_formed_again(ray_three, 
             ray.kill(w, no_restart=True)
 
 
-def test_rank0_keeps_the_versions_a_worker_may_load_each_held_once(ray_three):
+def test_rank0_keeps_the_versions_a_worker_may_load_each_held_once(ray_local):
     """Overlapped iterations keep the newest version and the one the rollout in flight
     started with; putting a version for an actor outside the broadcast keeps only the
     object-store copy, and asking again gives the same object."""

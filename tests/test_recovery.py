@@ -14,15 +14,8 @@ import time
 
 import pytest
 from g2rpo.orchestration.driver import read_metrics
-from servers import G2RPO, RewardServerProcess, free_port, local_ray
-from small_run import small_train, when_first_row
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    # 2 workers, up to 2 learners, the job's reward replica, evaluator: 1 CPU each
-    with local_ray(6, object_store_mb=256):
-        yield
+from servers import G2RPO, RewardServerProcess, free_port
+from small_run import OVERLAPPED_BROADCAST, small_train, when_first_row
 
 
 def _strip(rows, *also):
@@ -92,9 +85,7 @@ class Redis:
             self.proc.wait(timeout=10)
 
 
-def test_redis_stopped_mid_run_and_started_again_empty_loses_nothing(
-    ray_local, quick_world, tmp_path
-):
+def test_redis_stopped_mid_run_and_started_again_empty_loses_nothing(ray_local, world, tmp_path):
     """Reward replicas are found in Redis and the run's status goes there. Redis is
     stopped after iteration 1 and started again, empty (no persistence), two
     iterations later: the workers keep scoring on the replica Redis listed last,
@@ -106,7 +97,7 @@ def test_redis_stopped_mid_run_and_started_again_empty_loses_nothing(
 
     redis = Redis()
     server = RewardServerProcess(
-        "--scorers", f"shapes_clip={quick_world / 'shapes_clip'}", "--redis-url", redis.url
+        "--scorers", f"shapes_clip={world / 'shapes_clip'}", "--redis-url", redis.url
     )
     run_dir = tmp_path / "outage"
     seen: dict = {}
@@ -133,7 +124,7 @@ def test_redis_stopped_mid_run_and_started_again_empty_loses_nothing(
     thread, _ = _when_rows(run_dir, 2, outage)
     try:
         small_train(
-            quick_world,
+            world,
             tmp_path,
             "outage",
             6,
@@ -165,19 +156,14 @@ def test_redis_stopped_mid_run_and_started_again_empty_loses_nothing(
 
 # ------------------------------------------- a rollout worker killed, overlapped
 
-OVERLAP = ["train.weights.staleness=1", "train.weights.transport=collective"]
-
 
 @pytest.fixture(scope="module")
-def calm_overlapped(ray_local, quick_world, tmp_path_factory):
-    """The uninterrupted overlapped run with broadcast weights (1 learner)."""
-    run = small_train(quick_world, tmp_path_factory.mktemp("calm-ov"), "calm-ov", 4, OVERLAP)
-    return read_metrics(run)
+def calm_overlapped(overlapped_broadcast_run):
+    """The uninterrupted overlapped run with broadcast weights (1 learner, conftest)."""
+    return read_metrics(overlapped_broadcast_run)
 
 
-def test_worker_killed_under_broadcast_weights_with_staleness_one(
-    calm_overlapped, quick_world, tmp_path
-):
+def test_worker_killed_under_broadcast_weights_with_staleness_one(calm_overlapped, world, tmp_path):
     """train.weights.staleness=1 with train.weights.transport=collective: a rollout worker
     SIGKILLed early in iteration 1 (while it rolls out on v0 beside the update) is
     restarted by Ray, loads the version its share was sampled with and redoes it,
@@ -191,7 +177,7 @@ def test_worker_killed_under_broadcast_weights_with_staleness_one(
         return {"pid": pid}
 
     thread, killed = when_first_row(tmp_path / "killed-ov", kill)
-    run = small_train(quick_world, tmp_path, "killed-ov", 4, OVERLAP)
+    run = small_train(world, tmp_path, "killed-ov", 4, OVERLAPPED_BROADCAST)
     thread.join(timeout=5)
     assert "pid" in killed
     assert json.loads((run / "actors.json").read_text())["rollout_workers"][1] != killed["pid"]
@@ -224,14 +210,13 @@ def _final_digest(run) -> str:
 
 
 @pytest.fixture(scope="module")
-def calm_group(ray_local, quick_world, tmp_path_factory):
-    """The uninterrupted 3-iteration run of a 2-learner group (FSDP2 over gloo)."""
-    run = small_train(quick_world, tmp_path_factory.mktemp("calm-group"), "calm-group", 3, TWO)
-    return read_metrics(run), _final_digest(run), run
+def calm_group(calm_group_run):
+    """The uninterrupted 3-iteration run of a 2-learner group (FSDP2 over gloo, conftest)."""
+    return read_metrics(calm_group_run), _final_digest(calm_group_run), calm_group_run
 
 
 def test_learner_rank_killed_is_recovered_from_the_last_checkpoint(
-    calm_group, quick_world, tmp_path, capfd
+    calm_group, world, tmp_path, capfd
 ):
     """Learner rank 1 SIGKILLed after iteration 1's row: the group is stopped with
     one line (no traceback from the surviving rank), formed again from the last
@@ -247,7 +232,7 @@ def test_learner_rank_killed_is_recovered_from_the_last_checkpoint(
 
     run_dir = tmp_path / "rank-killed"
     thread, killed = _when_rows(run_dir, 2, kill)
-    run = small_train(quick_world, tmp_path, "rank-killed", 3, TWO)
+    run = small_train(world, tmp_path, "rank-killed", 3, TWO)
     thread.join(timeout=5)
     err = capfd.readouterr().err
     assert "pids" in killed
@@ -268,9 +253,7 @@ def test_learner_rank_killed_is_recovered_from_the_last_checkpoint(
     assert (run / "finished.json").is_file()
 
 
-def test_learner_rank_death_past_max_failures_stops_with_one_line(
-    calm_group, quick_world, tmp_path
-):
+def test_learner_rank_death_past_max_failures_stops_with_one_line(calm_group, world, tmp_path):
     """As a user sees it: `g2rpo train` with run.max_failures=0, learner rank 1
     SIGKILLed after iteration 0. The run stops with one clear line that names the
     rank and says how to resume, and nothing else on stderr (no traceback from the

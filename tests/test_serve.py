@@ -13,22 +13,23 @@ from g2rpo.reward_server.discovery import live_replicas
 from g2rpo.reward_server.serve import ServeOptions, reward_application
 from g2rpo.reward_server.settings import ScorerSpec, ServerSettings
 from pydantic import ValidationError
-from servers import RedisServer, free_port, local_ray
+from servers import RedisServer, free_port
 
 NAME = "g2rpo-reward-test"
 
 
 @pytest.fixture(scope="module")
-def serve_cluster():
+def serve_cluster(ray_local):
     from ray import serve
 
-    with local_ray(4):
-        port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        redis = RedisServer()
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    redis = RedisServer()
+    try:
         yield f"http://127.0.0.1:{port}", redis
+    finally:
         serve.shutdown()
-    redis.stop()
+        redis.stop()
 
 
 def test_autoscaling_config_is_one_serve_takes_without_a_warning():

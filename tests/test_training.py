@@ -1,23 +1,16 @@
-"""Training on a real local Ray with a real reward-server process, on the quick world."""
+"""Training on a real local Ray with a real reward-server process, on the committed world."""
 
 import os
 
 import pytest
+import yaml
 from g2rpo.common.weights import WeightMismatch
 from g2rpo.learner.trainer import LearnerCore, StaleTrajectories
 from g2rpo.orchestration.driver import read_metrics, train
 from g2rpo.rollout_worker.worker import RolloutWorkerCore
-from servers import local_ray
 from small_run import SMALL_RUN, small_train, when_first_row
 
 SMALL = SMALL_RUN
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    # 2 rollout workers, learner, the job's reward replica, evaluator: 1 CPU each
-    with local_ray(5, object_store_mb=256):
-        yield
 
 
 def _run(world, out, name, iterations, extra=(), **kw):
@@ -29,39 +22,37 @@ def _strip(rows):
 
 
 @pytest.fixture(scope="module")
-def calm(ray_local, quick_world, tmp_path_factory):
-    """The uninterrupted 3-iteration run the resume and fault tests compare with."""
-    return _strip(read_metrics(_run(quick_world, tmp_path_factory.mktemp("calm"), "calm", 3)))
+def calm(calm_run):
+    """The uninterrupted 3-iteration run (conftest) the resume and fault tests compare with."""
+    return _strip(read_metrics(calm_run))
 
 
-def test_two_iterations_with_two_workers(ray_local, quick_world, tmp_path):
-    run = _run(quick_world, tmp_path, "two", 2)
+def test_three_iterations_with_two_workers(calm_run):
+    run = calm_run
     rows = read_metrics(run)
-    assert [r["iteration"] for r in rows] == [0, 1]
-    assert [r["version"] for r in rows] == [0, 1] and rows[1]["weight_versions"] == [1]
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    assert [r["version"] for r in rows] == [0, 1, 2] and rows[1]["weight_versions"] == [1]
     for r in rows:
         assert r["transitions"] == 2 * 2 * 2 * 4  # workers · prompts · K · G
         assert r["optimizer_steps"] == 2 and 0 <= r["clip_fraction"] <= 1
         for key in ("rollout_s", "reward_s", "learn_s", "weight_push_s", "iteration_s"):
             assert r[f"time/{key}"] >= 0
         assert "reward/shapes_clip/g1" in r and "eval/shapes_clip" in r
-    assert (run / "checkpoints" / "it_00002.pt").is_file()
+    assert (run / "checkpoints" / "it_00003.pt").is_file()
     assert list((run / "samples").glob("*.png"))
     assert (run / "curves.png").stat().st_size > 10_000  # the run's curves, redrawn per checkpoint
-    cfg = (run / "config.yaml").read_text()
-    assert "workers:\n    count: 2" in cfg
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["train"]["workers"]["count"] == 2
 
 
 @pytest.fixture(scope="module")
-def overlapped(ray_local, quick_world, tmp_path_factory):
+def overlapped(ray_local, world, tmp_path_factory):
     """A 4-iteration run with train.weights.staleness=1, weights by the object store."""
     out = tmp_path_factory.mktemp("overlap")
-    return _run(quick_world, out, "overlap", 4, extra=["train.weights.staleness=1"])
+    return _run(world, out, "overlap", 4, extra=["train.weights.staleness=1"])
 
 
-def test_staleness_one_rolls_out_the_next_iteration_beside_the_update(
-    overlapped, quick_world, tmp_path
-):
+def test_staleness_one_rolls_out_the_next_iteration_beside_the_update(overlapped, calm_run):
     """train.weights.staleness=1: iteration i+1 is sampled with v_i while the learner updates on
     iteration i, so from the second iteration on every batch is learned one version
     late (recorded as weight_lag); the run still trains, evaluates and finishes."""
@@ -72,26 +63,19 @@ def test_staleness_one_rolls_out_the_next_iteration_beside_the_update(
     assert [r["version"] for r in rows] == [0, 0, 1, 2]  # the weights that sampled each batch
     assert all(r["optimizer_steps"] == 2 and "eval/shapes_clip" in r for r in rows)
     assert (run / "finished.json").is_file() and (run / "final").is_dir()
-    in_order = read_metrics(_run(quick_world, tmp_path, "in-order", 2))
-    assert [r["weight_lag"] for r in in_order] == [0, 0]
+    in_order = read_metrics(calm_run)
+    assert [r["weight_lag"] for r in in_order] == [0, 0, 0]
     # the first iteration is the same computation either way
     assert _strip([rows[0]])[0]["reward/shapes_clip"] == in_order[0]["reward/shapes_clip"]
 
 
 def test_staleness_one_with_broadcast_weights_computes_the_same_run(
-    overlapped, quick_world, tmp_path
+    overlapped, overlapped_broadcast_run
 ):
     """The overlapped run with weights broadcast by the workers' collective group: each
     version is sent while the next rollout may still run (the broadcast waits for the
     workers to be idle), and the run computes exactly what the object-store run did."""
-    run = _run(
-        quick_world,
-        tmp_path,
-        "overlap-broadcast",
-        4,
-        extra=["train.weights.staleness=1", "train.weights.transport=collective"],
-    )
-    rows = read_metrics(run)
+    rows = read_metrics(overlapped_broadcast_run)
     assert {r["weights_via"] for r in rows} == {"collective"}
     assert rows[-1]["weight_groups_formed"] == 1 and rows[-1]["weight_broadcast_failures"] == 0
     drop = ("weights_via", "weight_groups_formed", "weight_broadcast_failures")
@@ -102,9 +86,9 @@ def test_staleness_one_with_broadcast_weights_computes_the_same_run(
     assert computed(rows) == computed(read_metrics(overlapped))
 
 
-def test_resume_reproduces_the_uninterrupted_run(calm, quick_world, tmp_path):
+def test_resume_reproduces_the_uninterrupted_run(calm, world, tmp_path):
     full = calm
-    part = _run(quick_world, tmp_path, "part", 3, max_iterations=2)
+    part = _run(world, tmp_path, "part", 3, max_iterations=2)
     assert len(read_metrics(part)) == 2
     train(None, [], resume=part, progress=False)
     resumed = _strip(read_metrics(part))
@@ -112,16 +96,16 @@ def test_resume_reproduces_the_uninterrupted_run(calm, quick_world, tmp_path):
     assert resumed == full
 
 
-def test_lora_run_publishes_adapters_and_resumes_exactly(ray_local, quick_world, tmp_path):
+def test_lora_run_publishes_adapters_and_resumes_exactly(ray_local, world, tmp_path):
     import json
 
     lora = ["model.lora.rank=4", "model.lora.alpha=8"]
-    full = _strip(read_metrics(_run(quick_world, tmp_path, "lora-full", 2, lora)))
-    part = _run(quick_world, tmp_path, "lora-part", 2, lora, max_iterations=1)
+    full = _strip(read_metrics(_run(world, tmp_path, "lora-full", 2, lora)))
+    part = _run(world, tmp_path, "lora-part", 2, lora, max_iterations=1)
     assert not (part / "final").exists()  # not finished: nothing exported yet
     train(None, [], resume=part, progress=False)
     assert _strip(read_metrics(part)) == full
-    base_bytes = (quick_world / "pipeline" / "transformer").glob("*.safetensors")
+    base_bytes = (world / "pipeline" / "transformer").glob("*.safetensors")
     base_bytes = sum(p.stat().st_size for p in base_bytes)
     for row in full:
         assert 0 < row["weights_bytes"] < 0.2 * base_bytes  # adapters only on the wire
@@ -133,11 +117,11 @@ def test_lora_run_publishes_adapters_and_resumes_exactly(ray_local, quick_world,
     assert len(placement["rollout_workers"]) == 2 and len(placement["reward_replicas"]) == 1
 
 
-def test_stale_trajectories_and_bad_weights_are_refused(quick_world):
+def test_stale_trajectories_and_bad_weights_are_refused(world):
     from g2rpo.common.config import load_config
 
     cfg = load_config(
-        None, [*SMALL, f"model.pretrained={quick_world / 'pipeline'}", "train.workers.count=1"]
+        None, [*SMALL, f"model.pretrained={world / 'pipeline'}", "train.workers.count=1"]
     )
     learner = LearnerCore(cfg)
     worker = RolloutWorkerCore(cfg, 0)
@@ -166,7 +150,7 @@ def test_stale_trajectories_and_bad_weights_are_refused(quick_world):
         learner.update([stale])
 
 
-def test_rollout_actor_and_reward_server_killed_mid_run_change_nothing(calm, quick_world, tmp_path):
+def test_rollout_actor_and_reward_server_killed_mid_run_change_nothing(calm, world, tmp_path):
     import json
     import signal
     import time
@@ -181,7 +165,7 @@ def test_rollout_actor_and_reward_server_killed_mid_run_change_nothing(calm, qui
         return {"pid": pid, "server": record["reward_servers"][0]}
 
     thread, killed = when_first_row(tmp_path / "killed", kill)
-    rows = _strip(read_metrics(_run(quick_world, tmp_path, "killed", 3)))
+    rows = _strip(read_metrics(_run(world, tmp_path, "killed", 3)))
     thread.join(timeout=5)
     run_dir = tmp_path / "killed"
     assert "pid" in killed and "server" in killed
@@ -193,9 +177,7 @@ def test_rollout_actor_and_reward_server_killed_mid_run_change_nothing(calm, qui
     assert rows == reference
 
 
-def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(
-    calm, quick_world, tmp_path
-):
+def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(calm, world, tmp_path):
     """A rollout worker frozen mid-run (SIGSTOP) holds the iteration only until
     train.workers.rollout_timeout_s: it is killed, Ray restarts it, its share is redone once,
     and the run's numbers are those of a calm run (nothing trained twice or lost).
@@ -209,7 +191,7 @@ def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(
         return {"pid": pid}
 
     thread, frozen = when_first_row(tmp_path / "frozen", freeze)
-    rows = _run(quick_world, tmp_path, "frozen", 3, extra=["train.workers.rollout_timeout_s=20"])
+    rows = _run(world, tmp_path, "frozen", 3, extra=["train.workers.rollout_timeout_s=20"])
     rows = _strip(read_metrics(rows))
     thread.join(timeout=5)
     run_dir = tmp_path / "frozen"
@@ -220,7 +202,7 @@ def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(
     assert rows == calm
 
 
-def test_redis_discovery_status_and_prometheus_export(ray_local, quick_world, tmp_path):
+def test_redis_discovery_status_and_prometheus_export(ray_local, world, tmp_path):
     import json
     import subprocess
     import threading
@@ -232,7 +214,7 @@ def test_redis_discovery_status_and_prometheus_export(ray_local, quick_world, tm
 
     redis = RedisServer()
     server = RewardServerProcess(
-        "--scorers", f"shapes_clip={quick_world / 'shapes_clip'}", "--redis-url", redis.url
+        "--scorers", f"shapes_clip={world / 'shapes_clip'}", "--redis-url", redis.url
     )
     scraped: dict = {}
     run_dir = tmp_path / "live"
@@ -251,7 +233,7 @@ def test_redis_discovery_status_and_prometheus_export(ray_local, quick_world, tm
     try:
         over = [
             *SMALL,
-            f"model.pretrained={quick_world / 'pipeline'}",
+            f"model.pretrained={world / 'pipeline'}",
             f"run.output_dir={tmp_path}",
             "run.name=live",
             "run.iterations=2",
@@ -291,9 +273,7 @@ def test_redis_discovery_status_and_prometheus_export(ray_local, quick_world, tm
         redis.stop()
 
 
-def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
-    ray_local, quick_world, tmp_path
-):
+def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(ray_local, world, tmp_path):
     import json
 
     from g2rpo.common.rollout_plan import algorithm_nfe
@@ -303,9 +283,7 @@ def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
     # (prompt, SDE step)
     per_iteration = 2 * (algorithm_nfe(g2rpo_plan(2, 6, 4, [0, 1], [1, 2])) + 2 * 2)
     budget = int(2.5 * per_iteration)  # two iterations fit, a third would pass it
-    run = _run(
-        quick_world, tmp_path, "budget", 50, ["train.eval.every=10", f"run.nfe_budget={budget}"]
-    )
+    run = _run(world, tmp_path, "budget", 50, ["train.eval.every=10", f"run.nfe_budget={budget}"])
     rows = read_metrics(run)
     assert [r["nfe_train_total"] for r in rows] == [per_iteration, 2 * per_iteration]
     assert all(r["nfe_train"] == per_iteration for r in rows)

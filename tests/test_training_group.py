@@ -11,17 +11,9 @@ import signal
 import pytest
 import torch
 from g2rpo.orchestration.driver import read_metrics, train
-from servers import local_ray
 from small_run import small_train, when_first_row
 
 TWO = ["train.learner.count=2"]
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    # 2 workers, 2 learners, the job's reward replica, evaluator: 1 CPU each
-    with local_ray(6, object_store_mb=256):
-        yield
 
 
 def _run(world, out, name, iterations, extra=(), **kw):
@@ -37,14 +29,13 @@ def _strip(rows):
 
 
 @pytest.fixture(scope="module")
-def calm(ray_local, quick_world, tmp_path_factory):
-    """The uninterrupted 3-iteration run of a 2-learner group."""
-    run = _run(quick_world, tmp_path_factory.mktemp("calm"), "calm", 3)
-    return _strip(read_metrics(run))
+def calm(calm_group_run):
+    """The uninterrupted 3-iteration run of a 2-learner group (conftest)."""
+    return _strip(read_metrics(calm_group_run))
 
 
-def test_two_learner_run_resumes_exactly_and_on_one_learner(calm, quick_world, tmp_path):
-    part = _run(quick_world, tmp_path, "part", 3, max_iterations=2)
+def test_two_learner_run_resumes_exactly_and_on_one_learner(calm, world, tmp_path):
+    part = _run(world, tmp_path, "part", 3, max_iterations=2)
     ckpts = sorted(p.name for p in (part / "checkpoints").iterdir())
     assert ckpts == ["it_00001.dcp", "it_00002.dcp"]  # sharded: each rank wrote its part
     assert len(json.loads((part / "actors.json").read_text())["learners"]) == 2
@@ -82,7 +73,7 @@ def test_two_learner_run_resumes_exactly_and_on_one_learner(calm, quick_world, t
     assert (alone / "final" / "transformer").is_dir()
 
 
-def test_worker_killed_under_broadcast_weights_changes_nothing(calm, quick_world, tmp_path):
+def test_worker_killed_under_broadcast_weights_changes_nothing(calm, world, tmp_path):
     """A rollout worker killed in a 2-learner run whose weights travel by broadcast:
     Ray restarts it, the broadcast group is formed again with it, its share is redone,
     and the run computes exactly what the calm run did."""
@@ -93,7 +84,7 @@ def test_worker_killed_under_broadcast_weights_changes_nothing(calm, quick_world
         return {"pid": pid}
 
     thread, killed = when_first_row(tmp_path / "killed", kill)
-    run = _run(quick_world, tmp_path, "killed", 3, ["train.weights.transport=collective"])
+    run = _run(world, tmp_path, "killed", 3, ["train.weights.transport=collective"])
     thread.join(timeout=5)
     assert "pid" in killed
     record = json.loads((run / "actors.json").read_text())
@@ -104,9 +95,7 @@ def test_worker_killed_under_broadcast_weights_changes_nothing(calm, quick_world
     assert _strip(rows) == calm
 
 
-def test_frozen_worker_in_a_two_learner_group_is_restarted_and_redone_once(
-    calm, quick_world, tmp_path
-):
+def test_frozen_worker_in_a_two_learner_group_is_restarted_and_redone_once(calm, world, tmp_path):
     """A rollout worker frozen mid-run (SIGSTOP) holds the iteration only until
     train.workers.rollout_timeout_s: it is killed, Ray restarts it, its share is redone once,
     and the group's numbers are those of the calm run (nothing trained twice or lost)."""
@@ -117,7 +106,7 @@ def test_frozen_worker_in_a_two_learner_group_is_restarted_and_redone_once(
         return {"pid": pid}
 
     thread, frozen = when_first_row(tmp_path / "frozen", freeze)
-    run = _run(quick_world, tmp_path, "frozen", 3, ["train.workers.rollout_timeout_s=20"])
+    run = _run(world, tmp_path, "frozen", 3, ["train.workers.rollout_timeout_s=20"])
     thread.join(timeout=5)
     assert "pid" in frozen
     record = json.loads((run / "actors.json").read_text())
