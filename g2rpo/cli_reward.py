@@ -31,8 +31,6 @@ def _cmd_convert_reward(args: argparse.Namespace) -> int:
 
 def _server_settings(args: argparse.Namespace):
     """ServerSettings from the arguments reward-server and reward-serve share."""
-    from g2rpo.common.errors import UsageError
-    from g2rpo.reward_server.scorers.registry import scorer_names
     from g2rpo.reward_server.settings import ScorerSpec, ServerSettings, token_from_env
 
     fields = dict(
@@ -49,12 +47,10 @@ def _server_settings(args: argparse.Namespace):
         device=args.device,
         dtype=args.dtype,
     )
-    unknown = [s.name for s in fields["scorers"] if s.name not in scorer_names()]
-    if unknown:
-        raise UsageError(f"--scorers {unknown}: unknown; known: {', '.join(scorer_names())}")
     if getattr(args, "replica_id", None):
         fields["replica_id"] = args.replica_id
     settings = ServerSettings(**fields)
+    settings.check_scorers()
     settings.check_bind()
     return settings
 

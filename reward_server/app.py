@@ -141,10 +141,8 @@ class ServerState:
     inflight: int = 0
 
 
-def _load_scorers(state: ServerState) -> dict[str, Scorer]:
-    if state.given_scorers is not None:
-        return state.given_scorers
-    settings = state.settings
+def load_scorers(settings: ServerSettings) -> dict[str, Scorer]:
+    """Every scorer the settings name, loaded on their device."""
     built = {}
     for spec in settings.scorers:
         kwargs = {"path": spec.path} if spec.path else {}
@@ -152,6 +150,12 @@ def _load_scorers(state: ServerState) -> dict[str, Scorer]:
             spec.name, device=settings.device, dtype=settings.dtype, **kwargs
         )
     return built
+
+
+def _load_scorers(state: ServerState) -> dict[str, Scorer]:
+    if state.given_scorers is not None:
+        return state.given_scorers
+    return load_scorers(state.settings)
 
 
 async def _heartbeat(state: ServerState, client, info: ReplicaInfo) -> None:

@@ -19,24 +19,6 @@ def g2rpo_executable() -> str:
     return shutil.which("g2rpo") or os.path.join(os.path.dirname(sys.executable), "g2rpo")
 
 
-def _parent_death_signal():
-    """Linux: a preexec hook that makes the child get SIGTERM when the thread that
-    started it dies, so a killed Ray actor does not leave its server behind (no
-    stdlib way exists). libc is resolved here, in the parent: after fork, in a
-    threaded process, the child must not import or dlopen anything."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    PR_SET_PDEATHSIG = 1
-
-    def hook() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-    return hook
-
-
 class RewardServerProcess:
     def __init__(
         self,
@@ -46,7 +28,6 @@ class RewardServerProcess:
         quiet: bool = False,
         host: str = "127.0.0.1",
         port: int | None = None,
-        die_with_parent: bool = False,
     ) -> None:
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
@@ -59,7 +40,6 @@ class RewardServerProcess:
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, **(env or {})},
-            preexec_fn=_parent_death_signal() if die_with_parent else None,
         )
         if ready:
             try:

@@ -1,127 +1,18 @@
 """Where a run's rewards come from: static replica URLs, replicas discovered in
-Redis, and replicas the job starts itself as Ray actors placed by resources
-(each one a ``g2rpo reward-server`` process on its actor's node)."""
+Redis, and replicas the job starts itself as Ray actors placed by resources (each
+one a reward server inside its actor's process: replica_actor.RewardReplica)."""
 
 from __future__ import annotations
 
 import os
 import secrets
-import sys
-import threading
 
 import ray
 
 from ..common.config import G2RPOConfig
-from ..common.errors import ConfigError, RunFailed
+from ..common.errors import ConfigError
 from ..common.messages import RewardEndpoints
-
-TOKEN_VAR = "G2RPO_REWARD_TOKEN"
-
-
-@ray.remote(max_restarts=-1, max_task_retries=0)
-class RewardReplica:
-    """Runs one reward-server process next to itself and says where it listens.
-
-    It binds the node's address (workers on other nodes must reach it), so it
-    always serves behind a bearer token. One watchdog thread starts the server and
-    restarts it when it dies, on the same port, so clients retrying the same URL
-    find it again. Servers belong to that thread (their parent-death signal is tied
-    to it), which lives until stop()."""
-
-    def __init__(self, scorers: str, token: str, redis_url: str | None, device: str) -> None:
-        self.args = (scorers, token, redis_url, device)
-        self.server = None
-        self.port: int | None = None
-        self.restarts = 0
-        self.error: str | None = None
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._first_try = threading.Event()
-        self._watcher: threading.Thread | None = None
-        # Started on first use, so placement() answers as soon as Ray places the
-        # actor; a reconstructed replica starts at once (and never raises here: Ray
-        # does not restart an actor whose constructor failed).
-        if ray.get_runtime_context().was_current_actor_reconstructed:
-            self._watch_start()
-
-    def _launch(self, port: int | None):
-        from .process import RewardServerProcess
-
-        scorers, token, redis_url, device = self.args
-        host = ray.util.get_node_ip_address()
-        args = ["--scorers", scorers, "--host", host, "--token-env", TOKEN_VAR]
-        args += ["--device", device]
-        if redis_url:
-            args += ["--redis-url", redis_url]
-        return RewardServerProcess(
-            *args, env={TOKEN_VAR: token}, quiet=True, host=host, port=port, die_with_parent=True
-        )
-
-    def _watch_start(self) -> None:
-        with self._lock:
-            if self._watcher is None:
-                self._watcher = threading.Thread(target=self._watch, daemon=True)
-                self._watcher.start()
-
-    def _watch(self) -> None:
-        backoff = 0.0
-        while not self._stopping.wait(backoff):
-            old = self.server
-            if old is not None and old.proc.poll() is None:
-                backoff = 0.5
-                continue
-            if old is not None:  # into the Ray worker log: why it died
-                print(
-                    f"reward server on port {old.port} exited ({old.proc.returncode}); "
-                    f"restarting. Its last output:\n{old.output_tail()}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            try:
-                new = self._launch(self.port)  # outside the lock: this can take a while
-            except Exception as exc:
-                if "address already in use" in str(exc).lower():
-                    self.port = None  # taken meanwhile: the next try picks a new one
-                self.error = f"train.reward (scorers {self.args[0]}): {exc}"
-                self._first_try.set()
-                backoff = min(max(2 * backoff, 0.5), 30.0)
-                continue
-            with self._lock:
-                if self._stopping.is_set():
-                    new.stop()
-                    return
-                self.server, self.port, self.error = new, new.port, None
-                self.restarts += old is not None
-            self._first_try.set()
-            backoff = 0.5
-
-    def url(self) -> str:
-        """Where the server listens. Only a failed *first* start raises (a config
-        error, reported at once); afterwards the last URL is kept while the
-        watchdog restarts the server on it."""
-        self._watch_start()
-        self._first_try.wait()
-        if self.server is None:
-            raise RunFailed(self.error)
-        return self.server.url
-
-    def ready(self) -> bool:
-        return bool(self.url())
-
-    def server_pid(self) -> int | None:
-        server = self.server
-        return server.proc.pid if server is not None else None
-
-    def placement(self) -> dict:
-        from ..common.placement import where_am_i
-
-        return where_am_i()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        with self._lock:
-            if self.server is not None:
-                self.server.stop()
+from .replica_actor import RewardReplica
 
 
 def scorer_specs(cfg: G2RPOConfig) -> dict[str, str]:

@@ -63,6 +63,13 @@ class ServerSettings(BaseModel):
             "VAR, or pass --insecure to serve without one"
         )
 
+    def check_scorers(self) -> None:
+        from .scorers.registry import scorer_names
+
+        unknown = [s.name for s in self.scorers if s.name not in scorer_names()]
+        if unknown:
+            raise UsageError(f"--scorers {unknown}: unknown; known: {', '.join(scorer_names())}")
+
     def check_device(self) -> None:
         if self.device.startswith("cuda"):
             import torch

@@ -141,3 +141,47 @@ def overlapped_broadcast_run(ray_local, world, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("overlap-broadcast")
     return small_train(world, out, "overlap-broadcast", 4, OVERLAPPED_BROADCAST)
+
+
+# Under `pytest -n 2 --dist loadgroup` (.ci/run) the tests of one xdist group run on one
+# worker, so a module or session fixture is built once: the files that share the
+# session's training runs are one group, every other file with such a fixture a group of
+# its own, and the rest go one test at a time to whichever worker is free. Longest
+# first, so that the two workers finish together.
+SHARED_RUNS = ("test_training.py", "test_recovery.py")
+OWN_GROUP = (
+    "test_training_group.py",
+    "test_compare.py",
+    "test_placement.py",
+    "test_serve.py",
+    "test_world.py",
+    "test_packaging.py",
+    "test_plan.py",
+    "test_clip_scorer.py",
+    "test_reward_app.py",
+    "test_reward_conversion.py",
+    "test_reward_integration.py",
+)
+LONGEST_FIRST = (
+    *SHARED_RUNS,
+    "test_training_group.py",
+    "test_monitoring.py",
+    "test_compare.py",
+    "test_placement.py",
+    "test_ray_job.py",
+    "test_serve.py",
+    "test_paper_recipe.py",
+    "test_cli.py",
+    "test_publishing.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = item.path.name
+        if name in SHARED_RUNS:
+            item.add_marker(pytest.mark.xdist_group("shared-runs"))
+        elif name in OWN_GROUP:
+            item.add_marker(pytest.mark.xdist_group(name))
+    order = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))

@@ -14,6 +14,9 @@ from g2rpo.evaluation.report import write_report
 from g2rpo.rollout_worker.plan import g2rpo_plan
 from small_run import SMALL_RUN
 
+# a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
+pytestmark = pytest.mark.slow
+
 
 def _spec_file(tmp_path, world, **changes):
     base = load_config(

@@ -67,6 +67,7 @@ def _recording_rules() -> list[str]:
     return [r["record"] for g in rules["groups"] for r in g["rules"]]
 
 
+@pytest.mark.slow
 def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(world, tmp_path):
     prom_dir = tmp_path / "prometheus"
     shutil.copytree(DEPLOY / "prometheus", prom_dir)

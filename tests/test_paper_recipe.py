@@ -19,6 +19,9 @@ from reward_checkpoints import openclip_state_dict
 from servers import G2RPO
 from small_run import SMALL_RUN
 
+# a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
+pytestmark = pytest.mark.slow
+
 CONFIGS = Path(__file__).parents[1] / "configs"
 
 

@@ -12,6 +12,9 @@ from g2rpo.orchestration.driver import read_metrics, train
 from g2rpo.orchestration.placement import PlacementError, local_cluster_resources
 from small_run import SMALL_RUN
 
+# a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
+pytestmark = pytest.mark.slow
+
 SMALL = [
     *SMALL_RUN,
     "sampling.sde_steps=[0]",
@@ -170,19 +173,22 @@ def test_job_replicas_need_the_job_token_restart_and_stop(two_nodes, world):
         assert httpx.get(f"{url}/v1/scorers").status_code == 401
         ok = httpx.get(f"{url}/v1/scorers", headers={"Authorization": f"Bearer {token}"})
         assert ok.status_code == 200 and "shapes_clip" in ok.text
-        # the server dies; the replica brings it back on the same URL
+        # the server's process dies; Ray restarts the replica, which serves the same URL
         pid = ray.get(replica.server_pid.remote())
+        assert pid == ray.get(replica.placement.remote())["pid"]  # in the actor itself
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 60
+        deadline, new_pid = time.monotonic() + 90, pid
         while time.monotonic() < deadline:
-            new_pid = ray.get(replica.server_pid.remote())
             try:
+                new_pid = ray.get(replica.server_pid.remote(), timeout=10)
                 if new_pid != pid and httpx.get(f"{url}/readyz").status_code == 200:
                     break
-            except httpx.HTTPError:
-                pass
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError, httpx.HTTPError):
+                pass  # restarting
             time.sleep(0.2)
         assert new_pid != pid and ray.get(replica.url.remote()) == url
+        again = httpx.get(f"{url}/v1/scorers", headers={"Authorization": f"Bearer {token}"})
+        assert again.status_code == 200 and "shapes_clip" in again.text  # the same token
     finally:
         source.close()
     time.sleep(0.5)

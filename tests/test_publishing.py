@@ -8,6 +8,7 @@ import os
 import signal
 import time
 
+import pytest
 import ray
 from g2rpo.common.config import load_config
 from g2rpo.common.config_train import ActorResources
@@ -16,6 +17,9 @@ from g2rpo.orchestration.cluster import RunActors
 from g2rpo.orchestration.publishing import CollectivePublisher
 from g2rpo.rollout_worker.actor import RolloutWorker
 from small_run import SMALL_RUN
+
+# a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
+pytestmark = pytest.mark.slow
 
 
 class DeathBeforeBroadcast(CollectivePublisher):

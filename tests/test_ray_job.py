@@ -8,9 +8,13 @@ import subprocess
 import sys
 import time
 
+import pytest
 from g2rpo.orchestration.driver import read_metrics
 from g2rpo.reward_server.process import g2rpo_executable
 from servers import RayHead
+
+# a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
+pytestmark = pytest.mark.slow
 
 
 def test_ray_job_submit_completes_one_iteration(world, tmp_path):

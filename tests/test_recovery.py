@@ -17,6 +17,9 @@ from g2rpo.orchestration.driver import read_metrics
 from servers import G2RPO, RewardServerProcess, free_port
 from small_run import OVERLAPPED_BROADCAST, small_train, when_first_row
 
+# a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
+pytestmark = pytest.mark.slow
+
 
 def _strip(rows, *also):
     """What a run computed: no timings, not how weights travelled, no failure counts."""

@@ -15,6 +15,9 @@ from g2rpo.reward_server.settings import ScorerSpec, ServerSettings
 from pydantic import ValidationError
 from servers import RedisServer, free_port
 
+# a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
+pytestmark = pytest.mark.slow
+
 NAME = "g2rpo-reward-test"
 
 

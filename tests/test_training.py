@@ -10,6 +10,9 @@ from g2rpo.orchestration.driver import read_metrics, train
 from g2rpo.rollout_worker.worker import RolloutWorkerCore
 from small_run import SMALL_RUN, small_train, when_first_row
 
+# a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
+pytestmark = pytest.mark.slow
+
 SMALL = SMALL_RUN
 
 

@@ -13,6 +13,9 @@ import torch
 from g2rpo.orchestration.driver import read_metrics, train
 from small_run import small_train, when_first_row
 
+# a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
+pytestmark = pytest.mark.slow
+
 TWO = ["train.learner.count=2"]
 
 

@@ -25,6 +25,7 @@ def _run(*args, timeout=600):
     )
 
 
+@pytest.mark.slow  # g2rpo pretrain --quick: about a minute
 def test_quick_world_layout_and_metadata(quick_world):
     pipe = quick_world / "pipeline"
     for sub in (
