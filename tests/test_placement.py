@@ -4,6 +4,7 @@ cluster cannot place what the config asks for."""
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -54,6 +55,25 @@ def test_a_local_ray_gets_the_resources_the_config_names():
     assert local_cluster_resources(inline)["num_cpus"] == 3
 
 
+def _address_file_keeper():
+    """``Cluster`` writes its address where a plain ``ray.init()`` looks for a running Ray
+    (for its own tests' convenience) and deletes that file at shutdown: a ``g2rpo train``
+    process another test starts meanwhile would join this cluster, and a user's own
+    ``ray start`` would lose its entry. Returns a function that puts back what was there."""
+    from ray._private.utils import get_ray_address_file
+
+    path = Path(get_ray_address_file(None))
+    before = path.read_text() if path.is_file() else None
+
+    def restore() -> None:
+        if before is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(before)
+
+    return restore
+
+
 @pytest.fixture(scope="module")
 def two_nodes():
     """Two raylets on this machine: the head holds the ``trainer`` and ``scorer`` units
@@ -64,6 +84,7 @@ def two_nodes():
 
     session_ray = ray.is_initialized()
     ray.shutdown()
+    restore_address_file = _address_file_keeper()
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
@@ -72,6 +93,7 @@ def two_nodes():
             "object_store_memory": 200 * 2**20,
         },
     )
+    restore_address_file()
     sampler = cluster.add_node(
         num_cpus=2, resources={"sampler": 2}, object_store_memory=200 * 2**20
     )
@@ -82,6 +104,7 @@ def two_nodes():
     finally:
         ray.shutdown()
         cluster.shutdown()
+        restore_address_file()
         if session_ray:
             start_local_ray()
 
