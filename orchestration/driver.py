@@ -166,7 +166,9 @@ class TrainingLoop:
         """The workers' trajectories. A worker that died, or whose share is not back
         within ``train.workers.rollout_timeout_s`` (then it is killed), is restarted by Ray,
         loads the weights the rollout was started with and redoes its share once; the
-        late result is never used, so no trajectory is trained twice or lost."""
+        late result is never used, so no trajectory is trained twice or lost. So does a
+        worker that Ray restarted between the publish and its share, whose share comes
+        back sampled with other weights than the ones published for it."""
         timeout = self.cfg.train.workers.rollout_timeout_s
         results = []
         for i, ref in enumerate(pending.refs):
@@ -179,7 +181,12 @@ class TrainingLoop:
                 return actor.rollout.remote(pending.iteration, share, rewards)
 
             try:
-                results.append(get_or_redo(ref, redo, worker, timeout))
+                result = get_or_redo(ref, redo, worker, timeout)
+                if result.version != pending.weights.version:
+                    # restarted by Ray after the weights reached it and before this share:
+                    # the new actor rolled out with the weights it starts with. Redo it.
+                    result = call_with_restart(redo, worker, timeout=timeout)
+                results.append(result)
             except ray.exceptions.GetTimeoutError:
                 raise RunFailed(
                     f"rollout worker {i} did not finish iteration {pending.iteration}'s share "
