@@ -47,14 +47,14 @@ class RewardReplica:
         if ray.get_runtime_context().was_current_actor_reconstructed:
             self._start()
 
-    def _settings(self, port: int):
+    def _settings(self):
         from .settings import ScorerSpec, ServerSettings
 
         scorers, token, redis_url, device = self.args
         settings = ServerSettings(
             scorers=[ScorerSpec.parse(s) for s in scorers.split(",") if s.strip()],
             host=ray.util.get_node_ip_address(),
-            port=port,
+            port=0,  # chosen in _start
             redis_url=redis_url,
             token=token,
             device=device,
@@ -63,17 +63,15 @@ class RewardReplica:
         settings.check_device()
         return settings
 
-    def _serve(self, port: int):
-        """A uvicorn server on ``port`` in a thread, once its app has started (scorers
-        loaded, registered in Redis); None if the port could not be bound."""
+    @staticmethod
+    def _serve(settings, scorers: dict):
+        """A uvicorn server on ``settings.port`` in a thread, once its app has started
+        (registered in Redis); None if the port could not be bound."""
         import uvicorn
 
-        from ..common.net import free_port
-        from .app import create_app, load_scorers
+        from .app import create_app
 
-        settings = self._settings(port or free_port(ray.util.get_node_ip_address()))
-        # loaded here, so a scorer that cannot load raises its own error, not uvicorn's log
-        app = create_app(settings, scorers=load_scorers(settings))
+        app = create_app(settings, scorers=scorers)
         config = uvicorn.Config(
             app, host=settings.host, port=settings.port, log_level="warning", lifespan="on"
         )
@@ -87,14 +85,24 @@ class RewardReplica:
         return server, thread
 
     def _start(self) -> None:
+        from ..common.net import free_port
+        from .app import load_scorers
+
         with self._lock:
             if self.thread is not None and self.thread.is_alive():
                 return
             try:
+                settings = self._settings()
+                # loaded once, here, so a scorer that cannot load raises its own error
+                scorers = load_scorers(settings)
                 port_file = _port_file()
                 kept = int(port_file.read_text()) if port_file.is_file() else 0
-                started = self._serve(kept) or self._serve(0)  # the kept port, or any
-                if started is None:
+                for port in (kept, 0):  # the kept port, else (taken meanwhile) any free one
+                    on_port = settings.model_copy(update={"port": port or free_port(settings.host)})
+                    started = self._serve(on_port, scorers)
+                    if started is not None:
+                        break
+                else:
                     raise RunFailed("the reward server could not bind a port")
                 self.server, self.thread = started
                 port_file.write_text(f"{self.server.config.port}\n")
