@@ -28,6 +28,7 @@ def _server(scorer: str, max_batch: int, threads: int, device: str) -> RewardSer
         device,
         env=env,
         quiet=True,
+        ready=False,
     )
 
 
@@ -113,27 +114,27 @@ def _measure(scorer, name, duration_s, per_request, clients, seed, device, side)
     }
     threads = max(1, (os.cpu_count() or 2))
     load = dict(per_request=per_request, seed=seed, side=side)
-    for key, max_batch in (("batched", 64), ("unbatched", 1)):
-        server = _server(scorer, max_batch, threads, device)
-        try:
+    # every server starts at once (their start is mostly imports, idle once up); one
+    # replica is the batched server itself, as it has the same settings
+    batched, unbatched = (_server(scorer, b, threads, device) for b in (64, 1))
+    pair = [_server(scorer, 64, max(1, threads // 2), device) for _ in range(2)]
+    everyone = [batched, unbatched, *pair]
+    try:
+        for server in everyone:
+            server.wait_ready()
+        for key, server in (("batched", batched), ("unbatched", unbatched)):
             with RewardClient([server.url], deadline_s=600) as client:
                 _load(client, name, 4, 1.0, **load)  # warm-up
                 for c in clients:
                     results[key].append(_load(client, name, c, duration_s, **load))
-        finally:
-            server.stop()
-    top = max(clients)
-    for replicas in (1, 2):
-        servers = [
-            _server(scorer, 64, max(1, threads // replicas), device) for _ in range(replicas)
-        ]
-        try:
+        top = max(clients)
+        for replicas, servers in (("1", [batched]), ("2", pair)):
             with RewardClient([s.url for s in servers], deadline_s=600) as client:
                 _load(client, name, 4, 1.0, **load)
-                results["replicas"][str(replicas)] = _load(client, name, top, duration_s, **load)
-        finally:
-            for s in servers:
-                s.stop()
+                results["replicas"][replicas] = _load(client, name, top, duration_s, **load)
+    finally:
+        for server in everyone:
+            server.kill()
     b = {r["clients"]: r for r in results["batched"]}
     u = {r["clients"]: r for r in results["unbatched"]}
     results["batching_gain"] = round(b[top]["images_per_s"] / u[top]["images_per_s"], 2)

@@ -41,15 +41,20 @@ def _model(size: str, lora_rank: int | None, device: str, dtype=torch.float32):
 
 
 class _Member:
-    """Stand-in learner or worker: a transformer, and the weight group's side."""
+    """Stand-in learner or worker: a transformer of each mode in turn (``use``), and
+    the weight group's side (joined once, whatever the mode)."""
 
-    def __init__(self, size: str, mode: str, lora_rank: int, device: str, worker: bool):
+    def __init__(self, size: str, lora_rank: int, device: str, worker: bool):
         torch.set_num_threads(1)
-        lora, dtype = MODES[mode]
-        self.lora, self.dtype, self.device = lora, dtype, device
-        rank = lora_rank if lora else None
-        self.transformer = _model(size, rank, device, dtype if worker else torch.float32)
+        self.size, self.lora_rank, self.device, self.worker = size, lora_rank, device, worker
         self.group = None
+
+    def use(self, mode: str) -> None:
+        lora, dtype = MODES[mode]
+        self.lora, self.dtype = lora, dtype
+        rank = self.lora_rank if lora else None
+        held = dtype if self.worker else torch.float32
+        self.transformer = _model(self.size, rank, self.device, held)
 
     def address(self) -> str:
         return free_address()
@@ -97,37 +102,44 @@ class _Subscriber(_Member):
         return int(ray.get(refs[0]).numel())
 
 
-def _one_setting(size: str, mode: str, workers: int, lora_rank: int, repeats: int, device):
-    pub = _Publisher.remote(size, mode, lora_rank, device, False)
-    subs = [_Subscriber.remote(size, mode, lora_rank, device, True) for _ in range(workers)]
+def _start_members(size: str, workers: int, lora_rank: int, device: str):
+    """A publisher and ``workers`` subscribers in one weight group, kept for every mode
+    (an actor's start costs more than any test-size measurement)."""
+    pub = _Publisher.remote(size, lora_rank, device, False)
+    subs = [_Subscriber.remote(size, lora_rank, device, True) for _ in range(workers)]
     try:
         address = ray.get(pub.address.remote())
         ray.get(
             [pub.join.remote(address, 0, workers + 1)]
             + [s.join.remote(address, i + 1, workers + 1) for i, s in enumerate(subs)]
         )
-
-        def object_store():
-            refs, checksum, _ = ray.get(pub.publish.remote())
-            ray.get([s.load.remote(refs, checksum) for s in subs])
-
-        def collective():
-            layout, checksum = ray.get(pub.stage.remote())
-            ray.get(
-                [pub.broadcast.remote(layout)] + [s.receive.remote(layout, checksum) for s in subs]
-            )
-
-        _, _, nbytes = ray.get(pub.publish.remote())
-
-        def put_and_get():
-            ray.get(subs[0].fetch.remote(ray.get(pub.put_raw.remote(nbytes))))
-
-        store_s = best_seconds(object_store, repeats, warmup=True)
-        bcast_s = best_seconds(collective, repeats, warmup=True)
-        floor_s = best_seconds(put_and_get, repeats, warmup=True)
-    finally:
+    except BaseException:
         for actor in [pub, *subs]:
             ray.kill(actor)
+        raise
+    return pub, subs
+
+
+def _one_setting(pub, subs, size: str, mode: str, lora_rank: int, repeats: int):
+    workers = len(subs)
+    ray.get([a.use.remote(mode) for a in [pub, *subs]])
+
+    def object_store():
+        refs, checksum, _ = ray.get(pub.publish.remote())
+        ray.get([s.load.remote(refs, checksum) for s in subs])
+
+    def collective():
+        layout, checksum = ray.get(pub.stage.remote())
+        ray.get([pub.broadcast.remote(layout)] + [s.receive.remote(layout, checksum) for s in subs])
+
+    _, _, nbytes = ray.get(pub.publish.remote())
+
+    def put_and_get():
+        ray.get(subs[0].fetch.remote(ray.get(pub.put_raw.remote(nbytes))))
+
+    store_s = best_seconds(object_store, repeats, warmup=True)
+    bcast_s = best_seconds(collective, repeats, warmup=True)
+    floor_s = best_seconds(put_and_get, repeats, warmup=True)
     lora, dtype = MODES[mode]
     return {
         "preset": size,
@@ -187,10 +199,15 @@ def bench_weights(
     }
     try:
         for size in sizes:
-            for mode in modes:
-                for n in counts:
-                    result = _one_setting(size, mode, n, lora_rank, repeats, device)
-                    out[f"{size}/{mode}/w{n}"] = result
+            for n in counts:
+                pub, subs = _start_members(size, n, lora_rank, device)
+                try:
+                    for mode in modes:
+                        result = _one_setting(pub, subs, size, mode, lora_rank, repeats)
+                        out[f"{size}/{mode}/w{n}"] = result
+                finally:
+                    for actor in [pub, *subs]:
+                        ray.kill(actor)
     finally:
         if started:
             ray.shutdown()

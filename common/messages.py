@@ -54,8 +54,10 @@ class PublishedWeights:
 @dataclass(frozen=True)
 class EvalSamples:
     """An evaluator's held-out samples of one version: uint8 images [N, H, W, 3],
-    scores per scorer (one per image), and the seconds sampling and scoring took."""
+    scores per scorer (one per image), the seconds sampling and scoring took, and
+    the weights version that sampled them (the driver checks it is the one it meant)."""
 
     images: np.ndarray
     scores: dict[str, list[float]]
     seconds: float
+    version: int

@@ -19,10 +19,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     if not os.environ.get("RAY_ADDRESS"):  # before ray is imported: a local cluster, no token
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from g2rpo.orchestration.driver import read_metrics, train
-
     if args.config is None and args.resume is None:
         raise UsageError("give --config FILE (e.g. configs/tiny.yaml) or --resume RUN_DIR")
+    if args.resume is None:  # a bad config says so before Ray and torch load
+        from g2rpo.common.config import load_config
+
+        load_config(args.config, args.set)
+    from g2rpo.orchestration.driver import read_metrics, train
+
     try:
         run_dir = train(
             args.config,
@@ -157,7 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
         "pretrain", help="train the tiny offline shapes world (pipeline + shapes_clip reward)"
     )
     pre.add_argument("--out", required=True, help="output directory (must not hold a pipeline)")
-    pre.add_argument("--quick", action="store_true", help="a tiny run for tests (~1 minute)")
+    pre.add_argument(
+        "--quick",
+        action="store_true",
+        help="a test-sized world in about 20 s (the layout, not the quality)",
+    )
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     pre.add_argument("--no-progress", action="store_true", help="hide progress bars")

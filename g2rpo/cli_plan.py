@@ -11,10 +11,11 @@ from g2rpo.common.errors import UsageError
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from g2rpo.common.config import load_config
+
+    cfg = load_config(args.config, args.set)  # a bad config says so before torch loads
     from g2rpo.planning.check import EXIT_MISFIT, format_table, parse_gib, report
 
     gib = parse_gib(args.gpu_memory) if args.gpu_memory is not None else None
-    cfg = load_config(args.config, args.set)
     rep = report(cfg, gib)
     print(json.dumps(rep, indent=2) if args.json else format_table(rep))
     return 0 if rep["fits"] else EXIT_MISFIT
@@ -46,13 +47,14 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from g2rpo.common.config import load_config
-    from g2rpo.planning.doctor import random_weights_config, run_doctor
-    from g2rpo.planning.doctor_report import format_report
 
     overrides = list(args.set)
     if args.device is not None:
         overrides.append(f"model.device={args.device}")
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config, overrides)  # a bad config says so before torch loads
+    from g2rpo.planning.doctor import random_weights_config, run_doctor
+    from g2rpo.planning.doctor_report import format_report
+
     if args.scorers:  # the configured rewards may have no weights here yet: train on these
         from g2rpo.reward_server.settings import ScorerSpec
 

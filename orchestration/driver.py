@@ -36,7 +36,7 @@ from ..run_directory.files import (
 )
 from .budget import Budget
 from .cluster import RunActors, call_with_restart, get_or_redo, record_actors, start_actors
-from .lifecycle import attach_telemetry, finish, open_run, resume_point
+from .lifecycle import attach_telemetry, finish, nothing_left, open_run, resume_point
 from .phase_clock import PhaseClock
 from .publishing import Published, check_loaded, publisher_for
 from .records import eval_row, progress_fields, summarise_batches
@@ -116,16 +116,19 @@ class TrainingLoop:
             return {}
         from ..evaluation.metrics import pass_from_scores
 
+        def redo(actor):
+            ray.get(pending.weights.load_on(actor))
+            return actor.evaluate.remote(
+                self.eval_prompts, self.cfg.train.eval.seed, self.actors.rewards.endpoints()
+            )
+
         try:
             samples = ray.get(pending.ref)
         except ray.exceptions.RayActorError:  # restarted by Ray: load the weights, redo
-
-            def redo(actor):
-                ray.get(pending.weights.load_on(actor))
-                return actor.evaluate.remote(
-                    self.eval_prompts, self.cfg.train.eval.seed, self.actors.rewards.endpoints()
-                )
-
+            samples = call_with_restart(redo, pending.actor)
+        if samples.version != pending.weights.version:
+            # restarted by Ray after the weights reached it and before the evaluation:
+            # the new actor sampled with the weights it starts with. Redo it.
             samples = call_with_restart(redo, pending.actor)
         per_prompt = self.cfg.train.eval.per_prompt
         values = pass_from_scores(samples.scores)
@@ -338,6 +341,9 @@ def train(
     max_iterations: int | None = None,
 ) -> Path:
     cfg, run_dir = open_run(config, overrides, resume)
+    if resume is not None and nothing_left(cfg, run_dir):
+        print(f"{run_dir} is finished: nothing left to do", file=sys.stderr)
+        return run_dir
     cfg.model.check_trainable()  # before any actor loads a model
     refuse_misfit(cfg)  # a CUDA run that `g2rpo plan` says cannot fit stops here
     t = cfg.train

@@ -11,11 +11,14 @@ from ..common.errors import ConfigError, RunDirError
 from ..run_directory.files import (
     CKPT,
     export_final,
+    finished,
     latest_checkpoint,
     mark_finished,
     read_evaluations,
+    read_metrics,
     truncate_metrics,
 )
+from .budget import Budget
 
 
 def open_run(config, overrides, resume) -> tuple[G2RPOConfig, Path]:
@@ -33,6 +36,26 @@ def open_run(config, overrides, resume) -> tuple[G2RPOConfig, Path]:
     (run_dir / CKPT).mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     return cfg, run_dir
+
+
+def nothing_left(cfg: G2RPOConfig, run_dir: Path) -> bool:
+    """A finished run resumed with nothing more to do (no more iterations and no
+    larger NFE budget than the one it spent), whose final weights and their
+    evaluation are written: answered from the run directory, before any actor starts."""
+    done = finished(run_dir)
+    rows = read_metrics(run_dir) if done is not None else []
+    if not rows:
+        return False
+    last = rows[-1]["iteration"] + 1
+    if last > cfg.run.iterations:
+        return False  # resume_point says why that cannot be resumed
+    if last < cfg.run.iterations:
+        if done["reason"] != "nfe_budget":
+            return False
+        spent = Budget(cfg.run.nfe_budget, rows[-1]["nfe_train_total"], rows[-1]["nfe_train"])
+        if not spent.exhausted():
+            return False
+    return (run_dir / "final").is_dir() and (run_dir / "evals" / f"it_{last:05d}.json").is_file()
 
 
 def resume_point(loop) -> int:

@@ -201,7 +201,7 @@ class RolloutWorkerCore:
         t0 = time.perf_counter()
         images = self.eval_images(prompts, seed)
         response = self._reward_client(rewards).score(images, prompts, self._scorer_names(rewards))
-        return EvalSamples(images, response.scores, time.perf_counter() - t0)
+        return EvalSamples(images, response.scores, time.perf_counter() - t0, self.version)
 
     def eval_images(self, prompts: list[str], seed: int) -> np.ndarray:
         """The policy's deterministic sample of each prompt from noise drawn from

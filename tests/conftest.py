@@ -82,8 +82,8 @@ def ray_local():
 
 @pytest.fixture(scope="session")
 def quick_world(tmp_path_factory):
-    """`g2rpo pretrain --quick` run once per session as a real process (about a
-    minute): only tests/test_world.py, which checks what pretrain writes."""
+    """`g2rpo pretrain --quick` run once per session as a real process (about 20 s):
+    only tests/test_world.py, which checks what pretrain writes."""
     import subprocess
 
     from g2rpo.reward_server.process import g2rpo_executable
@@ -134,10 +134,10 @@ def calm_group_run(ray_local, world, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def overlapped_broadcast_run(ray_local, world, tmp_path_factory):
-    """The uninterrupted 4-iteration overlapped run (train.weights.staleness=1) whose
-    weights are broadcast by the workers' collective group (1 learner)."""
-    from small_run import OVERLAPPED_BROADCAST, small_train
+def overlapped_run(ray_local, world, tmp_path_factory):
+    """The uninterrupted 4-iteration overlapped run (train.weights.staleness=1, weights
+    by the object store, 1 learner)."""
+    from small_run import small_train
 
-    out = tmp_path_factory.mktemp("overlap-broadcast")
-    return small_train(world, out, "overlap-broadcast", 4, OVERLAPPED_BROADCAST)
+    out = tmp_path_factory.mktemp("overlap")
+    return small_train(world, out, "overlap", 4, ["train.weights.staleness=1"])

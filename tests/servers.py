@@ -41,31 +41,27 @@ def start_local_ray() -> None:
 
 
 class RedisServer:
+    """redis-server as the deployments run it (no persistence) on a free port of its
+    own; ``stop`` and ``start`` again bring it back on that same port, empty."""
+
     def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        import redis
+
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed (.ci/run installs it)")
-        self.port = free_port()
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         self.proc = subprocess.Popen(
-            [
-                exe,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            [exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        import redis
-
         self.client = redis.Redis.from_url(self.url)
-        for _ in range(200):
+        for _ in range(250):
             try:
                 if self.client.ping():
                     return
@@ -74,8 +70,9 @@ class RedisServer:
         raise RuntimeError("redis-server did not answer PING")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
 
 
 class PrometheusServer:

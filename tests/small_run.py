@@ -17,7 +17,7 @@ SMALL_RUN = [
     "rewards=[{name: shapes_clip}]",
 ]
 
-# the overlapped run whose weights are broadcast (conftest's overlapped_broadcast_run)
+# conftest's overlapped run, its weights broadcast by the workers' collective group
 OVERLAPPED_BROADCAST = ["train.weights.staleness=1", "train.weights.transport=collective"]
 
 
@@ -33,15 +33,19 @@ def small_train(world, out, name, iterations, extra=(), **kw):
         f"run.name={name}",
         f"run.iterations={iterations}",
         f"train.reward.scorers=[shapes_clip={world / 'shapes_clip'}]",
+        # held-out evaluation on worker 0: one actor fewer to start per run (the
+        # evaluator actor is trained with by tests/test_placement.py, test_monitoring.py,
+        # test_paper_recipe.py and test_ray_job.py)
+        "train.eval.on_actor=false",
         *extra,
     ]
     return train(None, over, progress=False, **kw)
 
 
-def when_first_row(run_dir, act, then_wait: float = 0.3):
+def when_rows(run_dir, n: int, act, then_wait: float = 0.0, timeout: float = 600):
     """Start a thread that runs ``act(actors.json record)`` once, ``then_wait`` s
-    after the run at ``run_dir`` logged its first iteration (so: early in the next
-    one); ``act`` returns a dict merged into the one returned here."""
+    after the run at ``run_dir`` logged ``n`` iterations; ``act`` returns a dict
+    merged into the one returned here."""
     import json
     import threading
     import time
@@ -50,15 +54,22 @@ def when_first_row(run_dir, act, then_wait: float = 0.3):
 
     def watch():
         metrics, actors = run_dir / "metrics.jsonl", run_dir / "actors.json"
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if metrics.exists() and metrics.read_text().strip() and actors.exists():
-                record = json.loads(actors.read_text())
-                time.sleep(then_wait)
-                done.update(act(record))
-                return
+            if metrics.exists() and actors.exists():
+                rows = [ln for ln in metrics.read_text().splitlines() if ln.strip()]
+                if len(rows) >= n:
+                    record = json.loads(actors.read_text())
+                    time.sleep(then_wait)
+                    done.update(act(record))
+                    return
             time.sleep(0.02)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread, done
+
+
+def when_first_row(run_dir, act, then_wait: float = 0.3):
+    """``when_rows`` after the first iteration, ``then_wait`` s on: early in the next one."""
+    return when_rows(run_dir, 1, act, then_wait)

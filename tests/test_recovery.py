@@ -6,16 +6,14 @@ checkpoint (run.max_failures), and the run stopped quietly once they are spent."
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import threading
 import time
 
 import pytest
 from g2rpo.orchestration.driver import read_metrics
-from servers import G2RPO, RewardServerProcess, free_port
-from small_run import OVERLAPPED_BROADCAST, small_train, when_first_row
+from servers import G2RPO, RedisServer, RewardServerProcess
+from small_run import OVERLAPPED_BROADCAST, small_train, when_first_row, when_rows
 
 # a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
 pytestmark = pytest.mark.slow
@@ -29,76 +27,19 @@ def _strip(rows, *also):
     ]
 
 
-def _when_rows(run_dir, n: int, act, timeout: float = 600):
-    """A thread that runs ``act(actors.json record)`` once the run at ``run_dir``
-    logged ``n`` iterations; ``act``'s dict is merged into the one returned."""
-    done: dict = {}
-
-    def watch():
-        metrics, actors = run_dir / "metrics.jsonl", run_dir / "actors.json"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if metrics.exists() and actors.exists():
-                rows = [ln for ln in metrics.read_text().splitlines() if ln.strip()]
-                if len(rows) >= n:
-                    done.update(act(json.loads(actors.read_text())))
-                    return
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread, done
-
-
-# ---------------------------------------------------------------- Redis away
-
-
-class Redis:
-    """redis-server as the deployments run it (no persistence) on a port of its
-    own, stopped and started again on that same port."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = None
-        self.start()
-
-    def start(self) -> None:
-        import redis
-
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise RuntimeError("redis-server is not installed (.ci/run installs it)")
-        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.proc = subprocess.Popen(
-            [exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        client = redis.Redis.from_url(self.url)
-        for _ in range(250):
-            try:
-                if client.ping():
-                    return
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        raise RuntimeError("redis-server did not answer PING")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-
-
-def test_redis_stopped_mid_run_and_started_again_empty_loses_nothing(ray_local, world, tmp_path):
-    """Reward replicas are found in Redis and the run's status goes there. Redis is
-    stopped after iteration 1 and started again, empty (no persistence), two
-    iterations later: the workers keep scoring on the replica Redis listed last,
-    `g2rpo status` reads the run directory meanwhile, the replica registers again,
-    every iteration's row is in metrics.jsonl once, and the run's stream in Redis is
-    whole again (rebuilt from metrics.jsonl), each iteration once."""
+def test_redis_discovery_status_and_export_with_redis_stopped_mid_run(ray_local, world, tmp_path):
+    """Reward replicas are found in Redis, the run's status goes there and its metrics
+    are exported for Prometheus (scraped after the first row). Redis is stopped after
+    iteration 1 and started again, empty (no persistence), two iterations later: the
+    workers keep scoring on the replica Redis listed last, `g2rpo status` reads the
+    run directory meanwhile, the replica registers again, every iteration's row is in
+    metrics.jsonl once, and the run's stream in Redis is whole again (rebuilt from
+    metrics.jsonl), each iteration once: `g2rpo status NAME` reads it from Redis."""
+    import httpx
     import redis as redis_py
     from g2rpo.orchestration.telemetry import STREAM_KEY, read_status
 
-    redis = Redis()
+    redis = RedisServer()
     server = RewardServerProcess(
         "--scorers", f"shapes_clip={world / 'shapes_clip'}", "--redis-url", redis.url
     )
@@ -124,17 +65,30 @@ def test_redis_stopped_mid_run_and_started_again_empty_loses_nothing(ray_local, 
         redis.start()
         return {}
 
-    thread, _ = _when_rows(run_dir, 2, outage)
+    def scrape(record):
+        port = int((run_dir / "metrics_port").read_text())
+        return {"text": httpx.get(f"http://127.0.0.1:{port}/metrics").text}
+
+    thread, _ = when_rows(run_dir, 2, outage)
+    scraper, scraped = when_rows(run_dir, 1, scrape)
     try:
         small_train(
             world,
             tmp_path,
             "outage",
             6,
-            ["train.reward.replicas=0", "train.checkpoints.every=100"],
+            ["train.reward.replicas=0", "train.checkpoints.every=100", "train.metrics.port=0"],
             redis_url=redis.url,
         )
         thread.join(timeout=30)
+        scraper.join(timeout=30)
+        text = scraped["text"]
+        assert "g2rpo_train_iteration 0.0" in text
+        assert 'g2rpo_train_reward{reward="shapes_clip"}' in text
+        assert "g2rpo_train_model_evaluations_total" in text
+        assert 'g2rpo_train_phase_seconds{phase="rollout"}' in text
+        assert "g2rpo_train_weight_lag 0.0" in text
+        assert "g2rpo_train_weight_broadcast_failures_total 0.0" in text
         rows = read_metrics(run_dir)
         assert [r["iteration"] for r in rows] == [0, 1, 2, 3, 4, 5]
         assert all(r["transitions"] == 2 * 2 * 2 * 4 for r in rows)  # every prompt's share
@@ -152,6 +106,12 @@ def test_redis_stopped_mid_run_and_started_again_empty_loses_nothing(ray_local, 
         live = read_status("outage", redis.url)
         assert live["state"] == "finished" and live["last"]["iteration"] == 5
         assert client.keys("g2rpo:replicas:*")  # the replica registered again
+        cli = [G2RPO, "status", "outage", "--redis-url", redis.url, "--json"]
+        state = json.loads(subprocess.run(cli, capture_output=True, text=True, check=True).stdout)
+        assert state["state"] == "finished" and state["last"]["iteration"] == 5
+        assert state["iterations_in_stream"] == 6
+        disk = subprocess.run([G2RPO, "status", str(run_dir)], capture_output=True, text=True)
+        assert "last iteration 5" in disk.stdout and "it_00006.pt" in disk.stdout, disk
     finally:
         server.stop()
         redis.stop()
@@ -161,18 +121,20 @@ def test_redis_stopped_mid_run_and_started_again_empty_loses_nothing(ray_local, 
 
 
 @pytest.fixture(scope="module")
-def calm_overlapped(overlapped_broadcast_run):
-    """The uninterrupted overlapped run with broadcast weights (1 learner, conftest)."""
-    return read_metrics(overlapped_broadcast_run)
+def calm_overlapped(overlapped_run):
+    """The uninterrupted overlapped run (1 learner, weights by the object store, conftest)."""
+    return read_metrics(overlapped_run)
 
 
 def test_worker_killed_under_broadcast_weights_with_staleness_one(calm_overlapped, world, tmp_path):
-    """train.weights.staleness=1 with train.weights.transport=collective: a rollout worker
-    SIGKILLed early in iteration 1 (while it rolls out on v0 beside the update) is
-    restarted by Ray, loads the version its share was sampled with and redoes it,
-    then the newest; the broadcast group is formed again with it. Every version and
-    checksum check holds (a mismatch ends the run), and the run computes exactly
-    what the calm one did: no iteration lost or trained twice."""
+    """train.weights.staleness=1 with train.weights.transport=collective: each version is
+    broadcast while the next rollout may still run (the broadcast waits for the workers
+    to be idle). A rollout worker SIGKILLed early in iteration 1 (while it rolls out on
+    v0 beside the update) is restarted by Ray, loads the version its share was sampled
+    with and redoes it, then the newest; the broadcast group is formed again with it.
+    Every version and checksum check holds (a mismatch ends the run), and the run
+    computes exactly what the calm overlapped run with weights by the object store
+    did: no iteration lost or trained twice, whatever carried the weights."""
 
     def kill(record):
         pid = record["rollout_workers"][1]
@@ -188,6 +150,9 @@ def test_worker_killed_under_broadcast_weights_with_staleness_one(calm_overlappe
     assert (run / "finished.json").is_file()
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
     assert [r["weight_lag"] for r in rows] == [0, 1, 1, 1]
+    assert {r["weights_via"] for r in rows} == {"collective"}
+    # before the kill: one group, no failed broadcast
+    assert (rows[0]["weight_groups_formed"], rows[0]["weight_broadcast_failures"]) == (1, 0)
     last = rows[-1]
     # the first group, then one with the restarted worker (and one after any
     # broadcast the kill broke, whose version went by the object store)
@@ -234,7 +199,7 @@ def test_learner_rank_killed_is_recovered_from_the_last_checkpoint(
         return {"pids": record["learners"]}
 
     run_dir = tmp_path / "rank-killed"
-    thread, killed = _when_rows(run_dir, 2, kill)
+    thread, killed = when_rows(run_dir, 2, kill)
     run = small_train(world, tmp_path, "rank-killed", 3, TWO)
     thread.join(timeout=5)
     err = capfd.readouterr().err
@@ -275,7 +240,7 @@ def test_learner_rank_death_past_max_failures_stops_with_one_line(calm_group, wo
         os.kill(record["learners"][1], signal.SIGKILL)
         return {"pid": record["learners"][1]}
 
-    thread, killed = _when_rows(run_dir, 1, kill)
+    thread, killed = when_rows(run_dir, 1, kill)
     try:
         out, err = proc.communicate(timeout=600)
     finally:

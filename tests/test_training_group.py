@@ -1,7 +1,7 @@
 """Training with a learner group of 2 (FSDP2 over gloo) on a real local Ray: exact
 resume, resume on another number of learners, and the fault tests (a rollout worker
-killed under broadcast weights, a worker frozen past the rollout timeout) against a
-calm run of the same group."""
+killed under broadcast weights, a worker frozen past the rollout timeout, in the run
+that is then resumed) against a calm run of the same group."""
 
 import json
 import os
@@ -37,8 +37,28 @@ def calm(calm_group_run):
     return _strip(read_metrics(calm_group_run))
 
 
-def test_two_learner_run_resumes_exactly_and_on_one_learner(calm, world, tmp_path):
-    part = _run(world, tmp_path, "part", 3, max_iterations=2)
+def test_frozen_worker_restarted_then_resumed_exactly_and_on_one_learner(calm, world, tmp_path):
+    """A rollout worker frozen (SIGSTOP) in iteration 1 of a 2-learner run stopped after
+    2 iterations holds the iteration only until train.workers.rollout_timeout_s: it is
+    killed, Ray restarts it, its share is redone once, and the group's numbers are
+    those of the calm run (nothing trained twice or lost). The run then resumes
+    exactly on the group, and on one learner from its sharded checkpoint."""
+
+    def freeze(record):
+        pid = record["rollout_workers"][1]  # worker 0 also evaluates, with no timeout
+        os.kill(pid, signal.SIGSTOP)
+        return {"pid": pid}
+
+    thread, frozen = when_first_row(tmp_path / "part", freeze)
+    timeout = ["train.workers.rollout_timeout_s=10"]
+    part = _run(world, tmp_path, "part", 3, timeout, max_iterations=2)
+    thread.join(timeout=5)
+    assert "pid" in frozen
+    record = json.loads((part / "actors.json").read_text())
+    assert record["rollout_workers"][1] != frozen["pid"]  # killed and restarted by Ray
+    rows = _strip(read_metrics(part))
+    assert [r["transitions"] for r in rows] == [r["transitions"] for r in calm[:2]]
+    assert rows == calm[:2]
     ckpts = sorted(p.name for p in (part / "checkpoints").iterdir())
     assert ckpts == ["it_00001.dcp", "it_00002.dcp"]  # sharded: each rank wrote its part
     assert len(json.loads((part / "actors.json").read_text())["learners"]) == 2
@@ -96,24 +116,3 @@ def test_worker_killed_under_broadcast_weights_changes_nothing(calm, world, tmp_
     assert rows[0]["weights_via"] == "collective"
     assert rows[-1]["weight_groups_formed"] == 2  # the first group, then one with the new actor
     assert _strip(rows) == calm
-
-
-def test_frozen_worker_in_a_two_learner_group_is_restarted_and_redone_once(calm, world, tmp_path):
-    """A rollout worker frozen mid-run (SIGSTOP) holds the iteration only until
-    train.workers.rollout_timeout_s: it is killed, Ray restarts it, its share is redone once,
-    and the group's numbers are those of the calm run (nothing trained twice or lost)."""
-
-    def freeze(record):
-        pid = record["rollout_workers"][0]
-        os.kill(pid, signal.SIGSTOP)
-        return {"pid": pid}
-
-    thread, frozen = when_first_row(tmp_path / "frozen", freeze)
-    run = _run(world, tmp_path, "frozen", 3, ["train.workers.rollout_timeout_s=20"])
-    thread.join(timeout=5)
-    assert "pid" in frozen
-    record = json.loads((run / "actors.json").read_text())
-    assert record["rollout_workers"][0] != frozen["pid"]  # killed and restarted by Ray
-    rows = _strip(read_metrics(run))
-    assert [r["transitions"] for r in rows] == [r["transitions"] for r in calm]
-    assert rows == calm

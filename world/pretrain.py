@@ -42,13 +42,15 @@ FULL = PretrainSettings(
     flow_images=40_000,
     clip_steps=600,
 )
+# the layout and code paths of a world in seconds, not its quality (tests): the VAE
+# keeps 2,048 images, the batch its latent statistics are taken over
 QUICK = PretrainSettings(
-    vae_steps=30,
-    vae_images=2_000,
-    flow_steps=60,
-    flow_decay_steps=20,
-    flow_images=2_000,
-    clip_steps=20,
+    vae_steps=8,
+    vae_images=2_048,
+    flow_steps=16,
+    flow_decay_steps=6,
+    flow_images=1_000,
+    clip_steps=8,
 )
 
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ...common.errors import UsageError
-from .checkpoint import CheckpointMismatch, load_state_dict
+
 
 KINDS = ("hpsv2", "dfn5b_clip", "openclip", "image_reward")
 
@@ -82,6 +82,8 @@ def convert_reward(
     if kind not in KINDS:
         raise UsageError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     src, out = Path(src).expanduser(), Path(out).expanduser()
+    from .checkpoint import load_state_dict
+
     state = load_state_dict(src)
     what = f"{kind} checkpoint {src}"
     if kind == "image_reward":
@@ -143,3 +145,12 @@ def convert_reward(
 
 
 __all__ = ["KINDS", "CheckpointMismatch", "convert_reward", "file_sha256"]
+
+
+def __getattr__(name: str):
+    # torch is imported by the conversion, not by `g2rpo --help` (which lists KINDS)
+    if name == "CheckpointMismatch":
+        from .checkpoint import CheckpointMismatch
+
+        return CheckpointMismatch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
