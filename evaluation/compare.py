@@ -6,6 +6,7 @@ results.json, table.md, curves and side-by-side grids."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -115,7 +116,11 @@ def train_runs(spec: CompareSpec, runs: list[PlannedRun], progress: bool = True)
                     _train_command(run, path), stdout=log, stderr=subprocess.STDOUT, env=env
                 )
                 running.append((run, proc))
-            time.sleep(2.0)
+            if running:  # back as soon as the oldest run ends, or in 2 s to update the bar
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    running[0][1].wait(timeout=2.0)
+            else:
+                time.sleep(2.0)
             for run, proc in list(running):
                 if proc.poll() is None:
                     continue

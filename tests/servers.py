@@ -23,6 +23,7 @@ __all__ = [
     "RedisServer",
     "RewardServerProcess",
     "free_port",
+    "session_ray_env",
     "start_local_ray",
 ]
 
@@ -37,6 +38,21 @@ def start_local_ray() -> None:
     os.environ["RAY_AUTH_MODE"] = "disabled"
     ray.init(
         num_cpus=6, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20
+    )
+
+
+def session_ray_env() -> dict:
+    """The environment of a ``g2rpo`` process that joins the tests' local Ray (conftest's
+    ``ray_local``) through RAY_ADDRESS, as a job joins a cluster: it starts no Ray of its
+    own (that start and stop is seconds of CPU on 2 cores)."""
+    import ray
+
+    return dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        RAY_AUTH_MODE="disabled",
+        RAY_ADDRESS=ray.get_runtime_context().gcs_address,
     )
 
 

@@ -52,10 +52,24 @@ eval: {{splits: [held_out], prompts_per_split: 4, samples_per_prompt: 2}}
 
 
 @pytest.fixture(scope="module")
-def compared(world, tmp_path_factory):
+def compared(ray_local, world, tmp_path_factory):
+    """The spec compared once; its `g2rpo train` processes join the tests' local Ray
+    (RAY_ADDRESS, which compare passes on), as they would join a cluster."""
+    import os
+
+    from servers import session_ray_env
+
     tmp = tmp_path_factory.mktemp("compare")
     spec = load_spec(_spec_file(tmp, world))
-    root = compare(spec, progress=False)
+    before = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = session_ray_env()["RAY_ADDRESS"]
+    try:
+        root = compare(spec, progress=False)
+    finally:
+        if before is None:
+            del os.environ["RAY_ADDRESS"]
+        else:
+            os.environ["RAY_ADDRESS"] = before
     return tmp, spec, root
 
 

@@ -5,7 +5,6 @@ deploy/'s scrape config (file_sd targets pointed at loopback, intervals shortene
 it; then every dashboard panel's query and every recording rule must return series."""
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from servers import G2RPO, PrometheusServer, RewardServerProcess
+from servers import G2RPO, PrometheusServer, RewardServerProcess, session_ray_env
 from small_run import SMALL_RUN
 
 DEPLOY = Path(__file__).parents[1] / "deploy"
@@ -68,7 +67,9 @@ def _recording_rules() -> list[str]:
 
 
 @pytest.mark.slow
-def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(world, tmp_path):
+def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(
+    ray_local, world, tmp_path
+):
     prom_dir = tmp_path / "prometheus"
     shutil.copytree(DEPLOY / "prometheus", prom_dir)
     config = (prom_dir / "prometheus.yml").read_text()
@@ -104,8 +105,7 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(worl
     cmd = [G2RPO, "train", "--no-progress", "--config", str(DEPLOY.parent / "configs/tiny.yaml")]
     for o in overrides:
         cmd += ["--set", o]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", RAY_AUTH_MODE="disabled")
-    env.pop("RAY_ADDRESS", None)
+    env = session_ray_env()  # the run joins the tests' local Ray
     log = (tmp_path / "train.log").open("w")
     train = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     queries = [*_dashboard().panel_queries(), *(("recording rule", r) for r in _recording_rules())]

@@ -6,7 +6,6 @@ converted from their original OpenCLIP layout; every reward and its share of the
 advantage is logged per iteration."""
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from g2rpo.common.config import load_config
 from g2rpo.reward_server.convert import convert_reward
 from g2rpo.reward_server.random_models import byte_level_clip_tokenizer
 from reward_checkpoints import openclip_state_dict
-from servers import G2RPO
+from servers import G2RPO, session_ray_env
 from small_run import SMALL_RUN
 
 # a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
@@ -37,7 +36,7 @@ def test_recipes_validate_with_the_official_settings():
     assert [s.split("=")[0] for s in both.train.reward.scorers] == ["hpsv2", "clip_score"]
 
 
-def test_hps_clip_recipe_trains_two_iterations_with_converted_stand_ins(world, tmp_path):
+def test_hps_clip_recipe_trains_two_iterations_with_converted_stand_ins(ray_local, world, tmp_path):
     tok = tmp_path / "tok"
     byte_level_clip_tokenizer().save_pretrained(tok)
     dirs = {}
@@ -68,8 +67,7 @@ def test_hps_clip_recipe_trains_two_iterations_with_converted_stand_ins(world, t
     cmd = [G2RPO, "train", "--no-progress", "--config", str(CONFIGS / "flux_hps_clip.yaml")]
     for o in overrides:
         cmd += ["--set", o]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", RAY_AUTH_MODE="disabled")
-    env.pop("RAY_ADDRESS", None)
+    env = session_ray_env()  # the run joins the tests' local Ray
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     run = tmp_path / "runs" / "g2rpo-flux-hps-clip"

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from ...common.errors import UsageError
 
-
 KINDS = ("hpsv2", "dfn5b_clip", "openclip", "image_reward")
 
 
