@@ -4,6 +4,7 @@ whatever started if anything fails), record where they run, stop them."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -82,14 +83,16 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
     learner and the rollout workers, each placed by the resources the config asks.
     Whatever was started is stopped again if any of it fails."""
     if not ray.is_initialized():
+        # Ray's INFO lines (started, connecting, connected) are not the run's output
+        quiet = dict(log_to_driver=False, logging_level=logging.WARNING)
         if os.environ.get("RAY_ADDRESS"):
-            ray.init(address="auto", log_to_driver=False)
+            ray.init(address="auto", **quiet)
         else:
             ray.init(
                 **local_cluster_resources(cfg, redis_url),
                 include_dashboard=False,
-                log_to_driver=False,
                 object_store_memory=512 * 2**20,
+                **quiet,
             )
     t, r, cfg_dict = cfg.train, cfg.train.reward, cfg.model_dump(mode="json")
     learner_opts = t.learner.ray_options()

@@ -112,32 +112,46 @@ def quick_world(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def scorer_url(world):
+    """One reward server (a real `g2rpo reward-server` process) with the world's
+    shapes_clip, for the session's small training runs."""
+    from servers import RewardServerProcess
+
+    server = RewardServerProcess("--scorers", f"shapes_clip={world / 'shapes_clip'}", quiet=True)
+    yield server.url
+    server.stop()
+
+
 # Training runs that several test files compare with. Each is the small setting of
 # tests/small_run.py, trained once per session; tests read its directory, never write it.
 
 
 @pytest.fixture(scope="session")
-def calm_run(ray_local, world, tmp_path_factory):
+def calm_run(ray_local, world, scorer_url, tmp_path_factory):
     """The uninterrupted 3-iteration run (1 learner, weights by the object store)."""
     from small_run import small_train
 
-    return small_train(world, tmp_path_factory.mktemp("calm"), "calm", 3)
+    out = tmp_path_factory.mktemp("calm")
+    return small_train(world, out, "calm", 3, reward_url=scorer_url)
 
 
 @pytest.fixture(scope="session")
-def calm_group_run(ray_local, world, tmp_path_factory):
+def calm_group_run(ray_local, world, scorer_url, tmp_path_factory):
     """The uninterrupted 3-iteration run of a 2-learner group (FSDP2 over gloo)."""
     from small_run import small_train
 
     out = tmp_path_factory.mktemp("calm-group")
-    return small_train(world, out, "calm-group", 3, ["train.learner.count=2"])
+    two = ["train.learner.count=2"]
+    return small_train(world, out, "calm-group", 3, two, reward_url=scorer_url)
 
 
 @pytest.fixture(scope="session")
-def overlapped_run(ray_local, world, tmp_path_factory):
+def overlapped_run(ray_local, world, scorer_url, tmp_path_factory):
     """The uninterrupted 4-iteration overlapped run (train.weights.staleness=1, weights
     by the object store, 1 learner)."""
     from small_run import small_train
 
     out = tmp_path_factory.mktemp("overlap")
-    return small_train(world, out, "overlap", 4, ["train.weights.staleness=1"])
+    overlapped = ["train.weights.staleness=1"]
+    return small_train(world, out, "overlap", 4, overlapped, reward_url=scorer_url)

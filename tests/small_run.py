@@ -21,18 +21,23 @@ SMALL_RUN = [
 OVERLAPPED_BROADCAST = ["train.weights.staleness=1", "train.weights.transport=collective"]
 
 
-def small_train(world, out, name, iterations, extra=(), **kw):
-    """``g2rpo train`` of the small setting on ``world`` (conftest's), scored by
-    a job-started reward server with the world's shapes_clip."""
+def small_train(world, out, name, iterations, extra=(), *, reward_url=None, **kw):
+    """``g2rpo train`` of the small setting on ``world`` (conftest's), scored with the
+    world's shapes_clip by the reward server at ``reward_url`` (conftest's session
+    ``scorer_url``: one server for the runs, not one replica actor each to start) or,
+    without one, by a job-started replica."""
     from g2rpo.orchestration.driver import train
 
+    rewards = f"train.reward.scorers=[shapes_clip={world / 'shapes_clip'}]"
+    if reward_url is not None:
+        rewards = f"train.reward.urls=[{reward_url}]"
     over = [
         *SMALL_RUN,
         f"model.pretrained={world / 'pipeline'}",
         f"run.output_dir={out}",
         f"run.name={name}",
         f"run.iterations={iterations}",
-        f"train.reward.scorers=[shapes_clip={world / 'shapes_clip'}]",
+        rewards,
         # held-out evaluation on worker 0: one actor fewer to start per run (the
         # evaluator actor is trained with by tests/test_placement.py, test_monitoring.py,
         # test_paper_recipe.py and test_ray_job.py)

@@ -153,7 +153,9 @@ def test_rollout_actor_and_reward_server_killed_then_resumed_change_nothing(calm
     assert resumed == calm
 
 
-def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(calm, world, tmp_path):
+def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(
+    calm, world, scorer_url, tmp_path
+):
     """A rollout worker frozen mid-run (SIGSTOP) holds the iteration only until
     train.workers.rollout_timeout_s: it is killed, Ray restarts it, its share is redone once,
     and the run's numbers are those of a calm run (nothing trained twice or lost).
@@ -167,7 +169,8 @@ def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(calm,
         return {"pid": pid}
 
     thread, frozen = when_first_row(tmp_path / "frozen", freeze)
-    rows = _run(world, tmp_path, "frozen", 3, extra=["train.workers.rollout_timeout_s=10"])
+    timeout = ["train.workers.rollout_timeout_s=10"]
+    rows = _run(world, tmp_path, "frozen", 3, timeout, reward_url=scorer_url)
     rows = _strip(read_metrics(rows))
     thread.join(timeout=5)
     run_dir = tmp_path / "frozen"
@@ -179,7 +182,7 @@ def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(calm,
 
 
 def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
-    ray_local, world, tmp_path, capfd
+    ray_local, world, scorer_url, tmp_path, capfd
 ):
     import json
 
@@ -190,7 +193,8 @@ def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
     # (prompt, SDE step)
     per_iteration = 2 * (algorithm_nfe(g2rpo_plan(2, 6, 4, [0, 1], [1, 2])) + 2 * 2)
     budget = int(2.5 * per_iteration)  # two iterations fit, a third would pass it
-    run = _run(world, tmp_path, "budget", 50, ["train.eval.every=10", f"run.nfe_budget={budget}"])
+    over = ["train.eval.every=10", f"run.nfe_budget={budget}"]
+    run = _run(world, tmp_path, "budget", 50, over, reward_url=scorer_url)
     rows = read_metrics(run)
     assert [r["nfe_train_total"] for r in rows] == [per_iteration, 2 * per_iteration]
     assert all(r["nfe_train"] == per_iteration for r in rows)

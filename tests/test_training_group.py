@@ -37,7 +37,9 @@ def calm(calm_group_run):
     return _strip(read_metrics(calm_group_run))
 
 
-def test_frozen_worker_restarted_then_resumed_exactly_and_on_one_learner(calm, world, tmp_path):
+def test_frozen_worker_restarted_then_resumed_exactly_and_on_one_learner(
+    calm, world, scorer_url, tmp_path
+):
     """A rollout worker frozen (SIGSTOP) in iteration 1 of a 2-learner run stopped after
     2 iterations holds the iteration only until train.workers.rollout_timeout_s: it is
     killed, Ray restarts it, its share is redone once, and the group's numbers are
@@ -51,7 +53,7 @@ def test_frozen_worker_restarted_then_resumed_exactly_and_on_one_learner(calm, w
 
     thread, frozen = when_first_row(tmp_path / "part", freeze)
     timeout = ["train.workers.rollout_timeout_s=10"]
-    part = _run(world, tmp_path, "part", 3, timeout, max_iterations=2)
+    part = _run(world, tmp_path, "part", 3, timeout, max_iterations=2, reward_url=scorer_url)
     thread.join(timeout=5)
     assert "pid" in frozen
     record = json.loads((part / "actors.json").read_text())
@@ -96,7 +98,7 @@ def test_frozen_worker_restarted_then_resumed_exactly_and_on_one_learner(calm, w
     assert (alone / "final" / "transformer").is_dir()
 
 
-def test_worker_killed_under_broadcast_weights_changes_nothing(calm, world, tmp_path):
+def test_worker_killed_under_broadcast_weights_changes_nothing(calm, world, scorer_url, tmp_path):
     """A rollout worker killed in a 2-learner run whose weights travel by broadcast:
     Ray restarts it, the broadcast group is formed again with it, its share is redone,
     and the run computes exactly what the calm run did."""
@@ -107,7 +109,8 @@ def test_worker_killed_under_broadcast_weights_changes_nothing(calm, world, tmp_
         return {"pid": pid}
 
     thread, killed = when_first_row(tmp_path / "killed", kill)
-    run = _run(world, tmp_path, "killed", 3, ["train.weights.transport=collective"])
+    collective = ["train.weights.transport=collective"]
+    run = _run(world, tmp_path, "killed", 3, collective, reward_url=scorer_url)
     thread.join(timeout=5)
     assert "pid" in killed
     record = json.loads((run / "actors.json").read_text())
