@@ -39,8 +39,8 @@ class RunActors:
 
 def record_actors(run_dir: Path, actors: RunActors) -> None:
     """Where every actor runs (node, pid, assigned resources) and the reward servers'
-    pids, for operators and the fault tests; rewritten every iteration, as Ray
-    restarts actors and replicas restart their servers."""
+    pids, for operators and the fault tests; rewritten every iteration and at the end
+    of a session, as Ray restarts actors and replicas restart their servers."""
     rewards = actors.rewards
     evaluator = [actors.evaluator] if actors.evaluator is not None else []
     try:

@@ -364,6 +364,7 @@ def train(
             if loop.exporter is not None:
                 loop.exporter.close()
         finish(loop, start, done)
+        record_actors(run_dir, actors)  # as the session leaves them (Ray restarts included)
     finally:
         actors.stop()
     return run_dir
