@@ -120,16 +120,19 @@ def test_stale_trajectories_and_bad_weights_are_refused(world):
 
 
 def test_rollout_actor_and_reward_server_killed_then_resumed_change_nothing(calm, world, tmp_path):
-    """A rollout worker and the reward server SIGKILLed in iteration 1 of a run stopped
-    after 2 iterations (--max-iterations), which is then resumed: Ray restarted the
-    actor, the replica its server, and the resumed run computes exactly what the
-    uninterrupted calm run did."""
+    """Rollout worker 0 (which also evaluates: no evaluator actor) and the reward server
+    SIGKILLed in iteration 1 of a run stopped after 2 iterations (--max-iterations),
+    which is then resumed: Ray restarted the actor, the replica its server, and the
+    resumed run computes exactly what the uninterrupted calm run did. Killed before its
+    evaluation, during it or during its rollout share, the worker redoes each with the
+    published weights (an evaluation sampled with other weights would change the
+    eval/ numbers)."""
     import json
     import signal
     import time
 
     def kill(record):
-        pid = record["rollout_workers"][1]
+        pid = record["rollout_workers"][0]
         os.kill(pid, signal.SIGKILL)
         time.sleep(1.0)  # the other worker is rolling out or being scored
         os.kill(record["reward_servers"][0], signal.SIGKILL)
@@ -140,7 +143,7 @@ def test_rollout_actor_and_reward_server_killed_then_resumed_change_nothing(calm
     thread.join(timeout=5)
     assert "pid" in killed and "server" in killed
     record = json.loads((part / "actors.json").read_text())
-    assert record["rollout_workers"][1] != killed["pid"]  # Ray restarted the actor
+    assert record["rollout_workers"][0] != killed["pid"]  # Ray restarted the actor
     assert record["reward_servers"][0] != killed["server"]  # the replica restarted its server
     rows = _strip(read_metrics(part))
     assert [r["iteration"] for r in rows] == [0, 1] and not (part / "final").exists()
