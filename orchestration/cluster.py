@@ -145,18 +145,27 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
     return actors
 
 
-def call_with_restart(make_call, actor, attempts: int = 3, timeout: float | None = None):
+def call_with_restart(
+    make_call, actor, attempts: int = 3, timeout: float | None = None, restart_s: float = 300.0
+):
     """Run an actor call; if the actor died, wait for Ray to restart it and redo it
-    (``make_call`` must bring a fresh actor to the state the call needs). A call not
-    back within ``timeout`` raises ray's GetTimeoutError."""
-    for attempt in range(attempts):
+    (``make_call`` must bring a fresh actor to the state the call needs). While Ray
+    is still restarting it (ActorUnavailableError: a new process importing torch on a
+    busy node takes seconds) the call is tried again every second for up to
+    ``restart_s``; only a call that reached the actor and saw it die counts against
+    ``attempts``. A call not back within ``timeout`` raises ray's GetTimeoutError."""
+    deadline, deaths = time.monotonic() + restart_s, 0
+    while True:
         try:
             return ray.get(make_call(actor), timeout=timeout)
-        except ray.exceptions.RayActorError:
-            if attempt == attempts - 1:
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
                 raise
-            time.sleep(1.0)
-    raise AssertionError("unreachable")
+        except ray.exceptions.RayActorError:
+            deaths += 1
+            if deaths >= attempts or time.monotonic() > deadline:
+                raise
+        time.sleep(1.0)
 
 
 def get_or_redo(ref, make_call, actor, timeout: float | None):

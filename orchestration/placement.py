@@ -4,7 +4,6 @@ clearly which request the cluster cannot meet instead of waiting forever."""
 from __future__ import annotations
 
 import math
-import time
 
 import ray
 
@@ -45,22 +44,39 @@ def _summary(resources: dict) -> dict:
 
 def wait_placed(groups: list[tuple[str, list, dict]], timeout_s: float) -> list[list[dict]]:
     """Wait until every actor answers ``placement()``. ``groups`` holds (config
-    field, actor handles, the options they asked for). On timeout, name the field
-    of the first group not placed, what it asked for and what the cluster has."""
-    deadline = time.monotonic() + timeout_s
+    field, actor handles, the options they asked for). On timeout, name the field of
+    every group not placed, what it asked for and what the cluster has: first those
+    asking for more than the whole cluster holds (they never will be placed), then
+    those a busy cluster was merely slow to start."""
     pending = [[h.placement.remote() for h in handles] for _, handles, _ in groups]
-    out = []
+    everything = [ref for refs in pending for ref in refs]
+    ray.wait(everything, num_returns=len(everything), timeout=timeout_s)
+    unplaced = []
     for (field, handles, options), refs in zip(groups, pending, strict=True):
-        left = max(0.0, deadline - time.monotonic())
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=left)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         if len(ready) < len(refs):
             asked = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
-            asked = {k: v for k, v in asked.items() if v}
-            raise PlacementError(
-                f"{field}: {len(refs) - len(ready)} of {len(handles)} actor(s) asking "
-                f"{asked} each were not placed within train.placement_timeout_s={timeout_s:g}s; "
-                f"the cluster has {_summary(ray.cluster_resources())} in total, "
-                f"{_summary(ray.available_resources())} free"
-            )
-        out.append(ray.get(refs))
-    return out
+            unplaced.append((field, len(refs) - len(ready), len(handles), _asked(asked)))
+    if unplaced:
+        total = ray.cluster_resources()
+        unplaced.sort(key=lambda u: _fits(u[3], total))  # the impossible ones first
+        lines = [
+            f"{field}: {missing} of {count} actor(s) asking {asked} each were not placed "
+            f"within train.placement_timeout_s={timeout_s:g}s"
+            + ("" if _fits(asked, total) else " (more than the whole cluster has)")
+            for field, missing, count, asked in unplaced
+        ]
+        raise PlacementError(
+            "; ".join(lines) + f"; the cluster has {_summary(total)} in total, "
+            f"{_summary(ray.available_resources())} free"
+        )
+    return [ray.get(refs) for refs in pending]
+
+
+def _asked(options: dict) -> dict:
+    return {k: v for k, v in options.items() if v}
+
+
+def _fits(asked: dict, total: dict) -> bool:
+    """Whether one actor's request fits in the cluster's total resources."""
+    return all(total.get(name, 0.0) >= amount for name, amount in asked.items())
