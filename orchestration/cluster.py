@@ -153,10 +153,13 @@ def call_with_restart(
     is still restarting it (ActorUnavailableError: a new process importing torch on a
     busy node takes seconds) the call is tried again every second for up to
     ``restart_s``; only a call that reached the actor and saw it die counts against
-    ``attempts``. A call not back within ``timeout`` raises ray's GetTimeoutError."""
+    ``attempts``. The restarted actor's start (its ``ready()``: a new process loading
+    its pipeline) is waited for on that clock too; ``timeout`` is for the call itself,
+    which raises ray's GetTimeoutError when not back by then."""
     deadline, deaths = time.monotonic() + restart_s, 0
     while True:
         try:
+            ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
             return ray.get(make_call(actor), timeout=timeout)
         except ray.exceptions.ActorUnavailableError:
             if time.monotonic() > deadline:

@@ -22,6 +22,9 @@ class SlowToRestart:
         else:
             open(marker, "w").close()
 
+    def ready(self) -> bool:
+        return True
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -32,12 +35,13 @@ class SlowToRestart:
 def test_a_call_waits_for_a_slow_restart_instead_of_giving_up(ray_local, tmp_path):
     """Killed, then redone at once: Ray answers ActorUnavailableError while the new
     process starts; the redo waits for it (three tries a second apart gave up and
-    ended the run: found by a clean-clone CI run on a loaded machine)."""
+    ended the run: found by a clean-clone CI run on a loaded machine). The call's own
+    timeout (2 s) does not count the restart."""
     actor = SlowToRestart.remote(str(tmp_path / "started"), 8.0)
     pid = ray.get(actor.pid.remote())
     os.kill(pid, signal.SIGKILL)
     t0 = time.monotonic()
-    assert call_with_restart(lambda a: a.answer.remote(), actor) == 42
+    assert call_with_restart(lambda a: a.answer.remote(), actor, timeout=2) == 42
     assert time.monotonic() - t0 >= 7.0  # it did wait for the restart
     assert ray.get(actor.pid.remote()) != pid
     ray.kill(actor, no_restart=True)
