@@ -50,33 +50,27 @@ def wait_placed(groups: list[tuple[str, list, dict]], timeout_s: float) -> list[
     those a busy cluster was merely slow to start."""
     pending = [[h.placement.remote() for h in handles] for _, handles, _ in groups]
     everything = [ref for refs in pending for ref in refs]
-    ray.wait(everything, num_returns=len(everything), timeout=timeout_s)
-    unplaced = []
+    ready, _ = ray.wait(everything, num_returns=len(everything), timeout=timeout_s)
+    if len(ready) == len(everything):
+        return [ray.get(refs) for refs in pending]
+    ready, total = set(ready), ray.cluster_resources()
+    unplaced = []  # (placeable, line): the impossible ones sort first
     for (field, handles, options), refs in zip(groups, pending, strict=True):
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        if len(ready) < len(refs):
+        missing = sum(ref not in ready for ref in refs)
+        if missing:
             asked = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
-            unplaced.append((field, len(refs) - len(ready), len(handles), _asked(asked)))
-    if unplaced:
-        total = ray.cluster_resources()
-        unplaced.sort(key=lambda u: _fits(u[3], total))  # the impossible ones first
-        lines = [
-            f"{field}: {missing} of {count} actor(s) asking {asked} each were not placed "
-            f"within train.placement_timeout_s={timeout_s:g}s"
-            + ("" if _fits(asked, total) else " (more than the whole cluster has)")
-            for field, missing, count, asked in unplaced
-        ]
-        raise PlacementError(
-            "; ".join(lines) + f"; the cluster has {_summary(total)} in total, "
-            f"{_summary(ray.available_resources())} free"
-        )
-    return [ray.get(refs) for refs in pending]
-
-
-def _asked(options: dict) -> dict:
-    return {k: v for k, v in options.items() if v}
-
-
-def _fits(asked: dict, total: dict) -> bool:
-    """Whether one actor's request fits in the cluster's total resources."""
-    return all(total.get(name, 0.0) >= amount for name, amount in asked.items())
+            asked = {k: v for k, v in asked.items() if v}
+            placeable = all(total.get(name, 0.0) >= amount for name, amount in asked.items())
+            unplaced.append(
+                (
+                    placeable,
+                    f"{field}: {missing} of {len(handles)} actor(s) asking {asked} each were "
+                    f"not placed within train.placement_timeout_s={timeout_s:g}s"
+                    + ("" if placeable else " (more than the whole cluster has)"),
+                )
+            )
+    unplaced.sort(key=lambda u: u[0])
+    raise PlacementError(
+        "; ".join(line for _, line in unplaced) + f"; the cluster has {_summary(total)} in "
+        f"total, {_summary(ray.available_resources())} free"
+    )
