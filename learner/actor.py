@@ -20,12 +20,24 @@ class Learner(WeightGroupMember):
     method on every rank: the ranks gather and reduce together."""
 
     def __init__(self, cfg: dict, rank: int = 0, world: int = 1) -> None:
+        self._configure(cfg, rank, world)
+
+    def _configure(self, cfg: dict, rank: int, world: int) -> None:
         self.cfg, self._core = G2RPOConfig.model_validate(cfg), None
         self.rank, self.world = rank, world
         from .staged_versions import StagedVersions, versions_kept
 
         # rank 0, collective transport: the versions a worker may still load
         self._staged = StagedVersions(versions_kept(self.cfg.train.weights.staleness))
+
+    def reconfigure(self, cfg: dict, rank: int, world: int) -> None:
+        """Become rank ``rank`` of another run's group (a warm actor taken again): out
+        of every group, the model built again on first use (modules already imported)."""
+        from .distributed import leave_learner_group
+
+        self.leave_weight_group()
+        leave_learner_group()
+        self._configure(cfg, rank, world)
 
     @property
     def core(self):

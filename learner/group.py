@@ -36,10 +36,14 @@ class LearnerRankDied(RuntimeError):
 
 
 class LearnerGroup:
-    def __init__(self, cfg: G2RPOConfig, options: dict) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: G2RPOConfig, options: dict, ranks: list | None = None) -> None:
+        """New ranks placed by ``options``, or ``ranks`` kept from an earlier run
+        (orchestration/warm_actors.py), which the caller has reconfigured."""
+        self.cfg, self.options = cfg, options
         n, cfg_dict = cfg.train.learner.count, cfg.model_dump(mode="json")
-        self.ranks = [Learner.options(**options).remote(cfg_dict, r, n) for r in range(n)]
+        if ranks is None:
+            ranks = [Learner.options(**options).remote(cfg_dict, r, n) for r in range(n)]
+        self.ranks = ranks
 
     @property
     def rank0(self):

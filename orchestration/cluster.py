@@ -78,10 +78,15 @@ def record_actors(run_dir: Path, actors: RunActors) -> None:
         print(f"could not write {run_dir / 'actors.json'}: {exc}", file=sys.stderr)
 
 
-def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
+def new_rollout_workers(cfg: dict, indices: list[int], options: dict) -> list:
+    return [RolloutWorker.options(**options).remote(cfg, i) for i in indices]
+
+
+def start_actors(cfg: G2RPOConfig, redis_url: str | None, warm=None) -> RunActors:
     """Ray (local unless RAY_ADDRESS points at a cluster), the reward replicas, the
-    learner and the rollout workers, each placed by the resources the config asks.
-    Whatever was started is stopped again if any of it fails."""
+    learner and the rollout workers, each placed by the resources the config asks;
+    with ``warm`` (a WarmActors), those an earlier run of this process left are taken
+    first. Whatever was started is stopped again if any of it fails."""
     if not ray.is_initialized():
         # Ray's INFO lines (started, connecting, connected) are not the run's output
         quiet = dict(log_to_driver=False, logging_level=logging.WARNING)
@@ -99,18 +104,23 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None) -> RunActors:
     worker_opts = t.workers.ray_options()
     eval_opts = t.eval.ray_options()
     actors = RunActors()
+    workers, kept_ranks = new_rollout_workers, None
+    if warm is not None:
+        warm.start_run()
+        workers = warm.rollout_workers
+        kept_ranks = warm.learner_ranks(cfg_dict, t.learner.count, learner_opts)
     try:
         actors.rewards = RewardSource(cfg, redis_url)
-        actors.learner = LearnerGroup(cfg, learner_opts)
-        actors.workers = [
-            RolloutWorker.options(**worker_opts).remote(cfg_dict, i) for i in range(t.workers.count)
-        ]
+        actors.learner = LearnerGroup(cfg, learner_opts, kept_ranks)
+        actors.workers = workers(cfg_dict, list(range(t.workers.count)), worker_opts)
         groups = []
         if t.eval.on_actor:  # a worker of its own that only evaluates (index -1: no rollouts)
-            actors.evaluator = RolloutWorker.options(**eval_opts).remote(cfg_dict, -1)
+            (actors.evaluator,) = workers(cfg_dict, [-1], eval_opts)
             groups.append(
                 ("train.eval (num_cpus/num_gpus/resources)", [actors.evaluator], eval_opts)
             )
+        if warm is not None:
+            warm.release_unused()
         wait_placed(
             [
                 (

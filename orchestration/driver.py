@@ -41,6 +41,7 @@ from .phase_clock import PhaseClock
 from .publishing import Published, check_loaded, publisher_for
 from .records import eval_row, progress_fields, summarise_batches
 from .recovery import run_with_recovery
+from .warm_actors import WarmActors
 
 __all__ = ["read_metrics", "train"]
 
@@ -339,7 +340,11 @@ def train(
     redis_url: str | None = None,
     progress: bool = True,
     max_iterations: int | None = None,
+    warm: WarmActors | None = None,
 ) -> Path:
+    """Train (or resume) one run; returns its directory. ``warm``: actors kept from
+    an earlier run of this process are taken first, and this run's are kept when it
+    ends normally (orchestration/warm_actors.py)."""
     cfg, run_dir = open_run(config, overrides, resume)
     if resume is not None and nothing_left(cfg, run_dir):
         print(f"{run_dir} is finished: nothing left to do", file=sys.stderr)
@@ -350,7 +355,8 @@ def train(
     train_prompts = read_prompts(t.prompts, "train.prompts")
     eval_prompts = read_prompts(t.eval.prompts, "train.eval.prompts")[: t.eval.samples]
     eval_prompts = [p for p in eval_prompts for _ in range(t.eval.per_prompt)]
-    actors = start_actors(cfg, redis_url)
+    actors = start_actors(cfg, redis_url, warm)
+    ended = False
     try:
         loop = TrainingLoop(cfg, run_dir, actors, train_prompts, eval_prompts)
         start = resume_point(loop) if resume is not None else 0
@@ -365,6 +371,10 @@ def train(
                 loop.exporter.close()
         finish(loop, start, done)
         record_actors(run_dir, actors)  # as the session leaves them (Ray restarts included)
+        ended = True
     finally:
-        actors.stop()
+        if ended and warm is not None:
+            warm.keep(actors)
+        else:
+            actors.stop()
     return run_dir

@@ -16,10 +16,30 @@ from ..common.weight_sync import WeightGroupMember
 class RolloutWorker(WeightGroupMember):
     """Holds a pipeline; loads published weights; rolls out its share of prompts."""
 
-    def __init__(self, cfg: dict, worker: int) -> None:
+    def __init__(self, cfg: dict, worker: int, board: str | None = None, slot: str = "") -> None:
+        if board is not None:
+            # kept warm between runs (orchestration/warm_actors.py): Ray restarts an
+            # actor with the arguments it was created with, an earlier run's config;
+            # the named board holds what the current run set for this slot
+            cfg, worker = ray.get(ray.get_actor(board).get.remote(slot))
+        self._configure(cfg, worker)
+
+    def _configure(self, cfg: dict, worker: int) -> None:
         # the pipeline loads on first use, so placement() answers as soon as Ray has
         # placed the actor, and a restarted actor reloads it by itself
         self.cfg, self.worker, self._core = G2RPOConfig.model_validate(cfg), worker, None
+
+    def reconfigure(self, cfg: dict, worker: int) -> None:
+        """Become worker ``worker`` of another run (a warm actor taken again): no
+        weight group, the pipeline loaded again on first use (modules already imported)."""
+        self.leave_weight_group()
+        self._configure(cfg, worker)
+
+    def identity(self) -> dict:
+        """Which run and worker index this process serves."""
+        import os
+
+        return {"run": self.cfg.run.name, "worker": self.worker, "pid": os.getpid()}
 
     @property
     def core(self):

@@ -123,35 +123,47 @@ def scorer_url(world):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def warm(ray_local):
+    """Actors kept between the session's training runs in this process
+    (orchestration/warm_actors.py): a run takes the workers and learner ranks the
+    last one left instead of starting processes that import torch again."""
+    from g2rpo.orchestration.warm_actors import WarmActors
+
+    actors = WarmActors()
+    yield actors
+    actors.close()
+
+
 # Training runs that several test files compare with. Each is the small setting of
 # tests/small_run.py, trained once per session; tests read its directory, never write it.
 
 
 @pytest.fixture(scope="session")
-def calm_run(ray_local, world, scorer_url, tmp_path_factory):
+def calm_run(warm, world, scorer_url, tmp_path_factory):
     """The uninterrupted 3-iteration run (1 learner, weights by the object store)."""
     from small_run import small_train
 
     out = tmp_path_factory.mktemp("calm")
-    return small_train(world, out, "calm", 3, reward_url=scorer_url)
+    return small_train(world, out, "calm", 3, reward_url=scorer_url, warm=warm)
 
 
 @pytest.fixture(scope="session")
-def calm_group_run(ray_local, world, scorer_url, tmp_path_factory):
+def calm_group_run(warm, world, scorer_url, tmp_path_factory):
     """The uninterrupted 3-iteration run of a 2-learner group (FSDP2 over gloo)."""
     from small_run import small_train
 
     out = tmp_path_factory.mktemp("calm-group")
     two = ["train.learner.count=2"]
-    return small_train(world, out, "calm-group", 3, two, reward_url=scorer_url)
+    return small_train(world, out, "calm-group", 3, two, reward_url=scorer_url, warm=warm)
 
 
 @pytest.fixture(scope="session")
-def overlapped_run(ray_local, world, scorer_url, tmp_path_factory):
+def overlapped_run(warm, world, scorer_url, tmp_path_factory):
     """The uninterrupted 4-iteration overlapped run (train.weights.staleness=1, weights
     by the object store, 1 learner)."""
     from small_run import small_train
 
     out = tmp_path_factory.mktemp("overlap")
     overlapped = ["train.weights.staleness=1"]
-    return small_train(world, out, "overlap", 4, overlapped, reward_url=scorer_url)
+    return small_train(world, out, "overlap", 4, overlapped, reward_url=scorer_url, warm=warm)

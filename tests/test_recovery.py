@@ -27,7 +27,7 @@ def _strip(rows, *also):
     ]
 
 
-def test_redis_discovery_status_and_export_with_redis_stopped_mid_run(ray_local, world, tmp_path):
+def test_redis_discovery_status_and_export_with_redis_stopped_mid_run(warm, world, tmp_path):
     """Reward replicas are found in Redis, the run's status goes there and its metrics
     are exported for Prometheus (scraped after the first row). Redis is stopped after
     iteration 1 and started again, empty (no persistence), two iterations later: the
@@ -79,6 +79,7 @@ def test_redis_discovery_status_and_export_with_redis_stopped_mid_run(ray_local,
             6,
             ["train.reward.replicas=0", "train.checkpoints.every=100", "train.metrics.port=0"],
             redis_url=redis.url,
+            warm=warm,
         )
         thread.join(timeout=30)
         scraper.join(timeout=30)
@@ -127,7 +128,7 @@ def calm_overlapped(overlapped_run):
 
 
 def test_worker_killed_under_broadcast_weights_with_staleness_one(
-    calm_overlapped, world, scorer_url, tmp_path
+    calm_overlapped, warm, world, scorer_url, tmp_path
 ):
     """train.weights.staleness=1 with train.weights.transport=collective: each version is
     broadcast while the next rollout may still run (the broadcast waits for the workers
@@ -144,7 +145,9 @@ def test_worker_killed_under_broadcast_weights_with_staleness_one(
         return {"pid": pid}
 
     thread, killed = when_first_row(tmp_path / "killed-ov", kill)
-    run = small_train(world, tmp_path, "killed-ov", 4, OVERLAPPED_BROADCAST, reward_url=scorer_url)
+    run = small_train(
+        world, tmp_path, "killed-ov", 4, OVERLAPPED_BROADCAST, reward_url=scorer_url, warm=warm
+    )
     thread.join(timeout=5)
     assert "pid" in killed
     assert json.loads((run / "actors.json").read_text())["rollout_workers"][1] != killed["pid"]
@@ -186,7 +189,7 @@ def calm_group(calm_group_run):
 
 
 def test_learner_rank_killed_is_recovered_from_the_last_checkpoint(
-    calm_group, world, scorer_url, tmp_path, capfd
+    calm_group, warm, world, scorer_url, tmp_path, capfd
 ):
     """Learner rank 1 SIGKILLed after iteration 1's row: the group is stopped with
     one line (no traceback from the surviving rank), formed again from the last
@@ -202,7 +205,7 @@ def test_learner_rank_killed_is_recovered_from_the_last_checkpoint(
 
     run_dir = tmp_path / "rank-killed"
     thread, killed = when_rows(run_dir, 2, kill)
-    run = small_train(world, tmp_path, "rank-killed", 3, TWO, reward_url=scorer_url)
+    run = small_train(world, tmp_path, "rank-killed", 3, TWO, reward_url=scorer_url, warm=warm)
     thread.join(timeout=5)
     err = capfd.readouterr().err
     assert "pids" in killed
@@ -223,7 +226,9 @@ def test_learner_rank_killed_is_recovered_from_the_last_checkpoint(
     assert (run / "finished.json").is_file()
 
 
-def test_learner_rank_death_past_max_failures_stops_with_one_line(calm_group, world, tmp_path):
+def test_learner_rank_death_past_max_failures_stops_with_one_line(
+    calm_group, warm, world, tmp_path
+):
     """As a user sees it: `g2rpo train` with run.max_failures=0, learner rank 1
     SIGKILLed after iteration 0. The run stops with one clear line that names the
     rank and says how to resume, and nothing else on stderr (no traceback from the
@@ -257,6 +262,6 @@ def test_learner_rank_death_past_max_failures_stops_with_one_line(calm_group, wo
     assert "Traceback" not in out + err and "Unhandled error" not in out + err
     assert not (run_dir / "learner_failures.jsonl").exists()
 
-    train(None, [], resume=run_dir, progress=False)
+    train(None, [], resume=run_dir, progress=False, warm=warm)
     assert _strip(read_metrics(run_dir)) == _strip(calm)
     assert _final_digest(run_dir) == calm_digest

@@ -65,14 +65,14 @@ def test_staleness_one_rolls_out_the_next_iteration_beside_the_update(overlapped
     assert _strip([rows[0]])[0]["reward/shapes_clip"] == in_order[0]["reward/shapes_clip"]
 
 
-def test_lora_run_publishes_adapters_and_resumes_exactly(ray_local, world, tmp_path):
+def test_lora_run_publishes_adapters_and_resumes_exactly(warm, world, tmp_path):
     import json
 
     lora = ["model.lora.rank=4", "model.lora.alpha=8"]
-    full = _strip(read_metrics(_run(world, tmp_path, "lora-full", 2, lora)))
-    part = _run(world, tmp_path, "lora-part", 2, lora, max_iterations=1)
+    full = _strip(read_metrics(_run(world, tmp_path, "lora-full", 2, lora, warm=warm)))
+    part = _run(world, tmp_path, "lora-part", 2, lora, max_iterations=1, warm=warm)
     assert not (part / "final").exists()  # not finished: nothing exported yet
-    train(None, [], resume=part, progress=False)
+    train(None, [], resume=part, progress=False, warm=warm)
     assert _strip(read_metrics(part)) == full
     base_bytes = (world / "pipeline" / "transformer").glob("*.safetensors")
     base_bytes = sum(p.stat().st_size for p in base_bytes)
@@ -119,7 +119,9 @@ def test_stale_trajectories_and_bad_weights_are_refused(world):
         learner.update([stale])
 
 
-def test_rollout_actor_and_reward_server_killed_then_resumed_change_nothing(calm, world, tmp_path):
+def test_rollout_actor_and_reward_server_killed_then_resumed_change_nothing(
+    calm, warm, world, tmp_path
+):
     """Rollout worker 0 (which also evaluates: no evaluator actor) and the reward server
     SIGKILLed in iteration 1 of a run stopped after 2 iterations (--max-iterations),
     which is then resumed: Ray restarted the actor, the replica its server, and the
@@ -139,7 +141,7 @@ def test_rollout_actor_and_reward_server_killed_then_resumed_change_nothing(calm
         return {"pid": pid, "server": record["reward_servers"][0]}
 
     thread, killed = when_first_row(tmp_path / "killed", kill)
-    part = _run(world, tmp_path, "killed", 3, max_iterations=2)
+    part = _run(world, tmp_path, "killed", 3, max_iterations=2, warm=warm)
     thread.join(timeout=5)
     assert "pid" in killed and "server" in killed
     record = json.loads((part / "actors.json").read_text())
@@ -150,14 +152,14 @@ def test_rollout_actor_and_reward_server_killed_then_resumed_change_nothing(calm
     # every prompt's trajectory present once, and the same numbers as the calm run
     assert [r["transitions"] for r in rows] == [r["transitions"] for r in calm[:2]]
     assert rows == calm[:2]
-    train(None, [], resume=part, progress=False)
+    train(None, [], resume=part, progress=False, warm=warm)
     resumed = _strip(read_metrics(part))
     assert [r["iteration"] for r in resumed] == [0, 1, 2]
     assert resumed == calm
 
 
 def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(
-    calm, world, scorer_url, tmp_path
+    calm, warm, world, scorer_url, tmp_path
 ):
     """A rollout worker frozen mid-run (SIGSTOP) holds the iteration only until
     train.workers.rollout_timeout_s: it is killed, Ray restarts it, its share is redone once,
@@ -173,7 +175,7 @@ def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(
 
     thread, frozen = when_first_row(tmp_path / "frozen", freeze)
     timeout = ["train.workers.rollout_timeout_s=10"]
-    rows = _run(world, tmp_path, "frozen", 3, timeout, reward_url=scorer_url)
+    rows = _run(world, tmp_path, "frozen", 3, timeout, reward_url=scorer_url, warm=warm)
     rows = _strip(read_metrics(rows))
     thread.join(timeout=5)
     run_dir = tmp_path / "frozen"
@@ -185,7 +187,7 @@ def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(
 
 
 def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
-    ray_local, world, scorer_url, tmp_path, capfd
+    warm, world, scorer_url, tmp_path, capfd
 ):
     import json
 
@@ -197,7 +199,7 @@ def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
     per_iteration = 2 * (algorithm_nfe(g2rpo_plan(2, 6, 4, [0, 1], [1, 2])) + 2 * 2)
     budget = int(2.5 * per_iteration)  # two iterations fit, a third would pass it
     over = ["train.eval.every=10", f"run.nfe_budget={budget}"]
-    run = _run(world, tmp_path, "budget", 50, over, reward_url=scorer_url)
+    run = _run(world, tmp_path, "budget", 50, over, reward_url=scorer_url, warm=warm)
     rows = read_metrics(run)
     assert [r["nfe_train_total"] for r in rows] == [per_iteration, 2 * per_iteration]
     assert all(r["nfe_train"] == per_iteration for r in rows)
@@ -214,6 +216,6 @@ def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
     assert final_eval["nfe_train_total"] == 2 * per_iteration and final_eval["version"] == 2
     assert "eval/shapes_clip/delta_lo" in rows[1]
     capfd.readouterr()
-    train(None, [], resume=run, progress=False)  # nothing left to do: no actor started
+    train(None, [], resume=run, progress=False, warm=warm)  # nothing left to do: no actor started
     assert "is finished: nothing left to do" in capfd.readouterr().err
     assert len(read_metrics(run)) == 2 and (run / "finished.json").is_file()

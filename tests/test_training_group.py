@@ -38,7 +38,7 @@ def calm(calm_group_run):
 
 
 def test_frozen_worker_restarted_then_resumed_exactly_and_on_one_learner(
-    calm, world, scorer_url, tmp_path
+    calm, warm, world, scorer_url, tmp_path
 ):
     """A rollout worker frozen (SIGSTOP) in iteration 1 of a 2-learner run stopped after
     2 iterations holds the iteration only until train.workers.rollout_timeout_s: it is
@@ -53,7 +53,9 @@ def test_frozen_worker_restarted_then_resumed_exactly_and_on_one_learner(
 
     thread, frozen = when_first_row(tmp_path / "part", freeze)
     timeout = ["train.workers.rollout_timeout_s=10"]
-    part = _run(world, tmp_path, "part", 3, timeout, max_iterations=2, reward_url=scorer_url)
+    part = _run(
+        world, tmp_path, "part", 3, timeout, max_iterations=2, reward_url=scorer_url, warm=warm
+    )
     thread.join(timeout=5)
     assert "pid" in frozen
     record = json.loads((part / "actors.json").read_text())
@@ -81,10 +83,10 @@ def test_frozen_worker_restarted_then_resumed_exactly_and_on_one_learner(
     assert sorted(evaluated) == sorted(learned)
     assert all(torch.equal(evaluated[k], learned[k]) for k in learned)
 
-    train(None, [], resume=part, progress=False)
+    train(None, [], resume=part, progress=False, warm=warm)
     assert _strip(read_metrics(part)) == calm  # bitwise, as one learner resumes
 
-    train(None, ["train.learner.count=1"], resume=alone, progress=False)
+    train(None, ["train.learner.count=1"], resume=alone, progress=False, warm=warm)
     rows = _strip(read_metrics(alone))
     assert rows[:2] == calm[:2]
     # iteration 2 samples with the weights the group checkpointed, loaded exactly
@@ -98,7 +100,9 @@ def test_frozen_worker_restarted_then_resumed_exactly_and_on_one_learner(
     assert (alone / "final" / "transformer").is_dir()
 
 
-def test_worker_killed_under_broadcast_weights_changes_nothing(calm, world, scorer_url, tmp_path):
+def test_worker_killed_under_broadcast_weights_changes_nothing(
+    calm, warm, world, scorer_url, tmp_path
+):
     """A rollout worker killed in a 2-learner run whose weights travel by broadcast:
     Ray restarts it, the broadcast group is formed again with it, its share is redone,
     and the run computes exactly what the calm run did."""
@@ -110,7 +114,7 @@ def test_worker_killed_under_broadcast_weights_changes_nothing(calm, world, scor
 
     thread, killed = when_first_row(tmp_path / "killed", kill)
     collective = ["train.weights.transport=collective"]
-    run = _run(world, tmp_path, "killed", 3, collective, reward_url=scorer_url)
+    run = _run(world, tmp_path, "killed", 3, collective, reward_url=scorer_url, warm=warm)
     thread.join(timeout=5)
     assert "pid" in killed
     record = json.loads((run / "actors.json").read_text())

@@ -1,0 +1,88 @@
+"""Actors kept warm between runs (orchestration/warm_actors.py) on a real local Ray:
+a kept worker serves the run that took it, also after Ray restarted it (its
+creation arguments are an earlier run's config), and kept learner ranks are taken
+only by a group of their size."""
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+from g2rpo.common.config import load_config
+from g2rpo.orchestration.warm_actors import WarmActors
+from small_run import SMALL_RUN
+
+pytestmark = pytest.mark.slow  # a Ray cluster
+
+
+def _cfg(world, name: str, *extra: str) -> dict:
+    over = [*SMALL_RUN, f"model.pretrained={world / 'pipeline'}", f"run.name={name}", *extra]
+    return load_config(None, over).model_dump(mode="json")
+
+
+class _Ended:
+    """What ``keep`` reads of a run that ended (no reward replicas, no evaluator)."""
+
+    def __init__(self, workers=(), learner=None):
+        self.workers, self.evaluator, self.rewards, self.learner = workers, None, None, learner
+
+
+def test_a_kept_worker_restarted_by_ray_serves_the_run_that_took_it(ray_local, world):
+    warm = WarmActors()
+    options = {"num_cpus": 1}
+    try:
+        warm.start_run()
+        (first,) = warm.rollout_workers(_cfg(world, "first"), [0], options)
+        before = ray.get(first.identity.remote())
+        assert (before["run"], before["worker"]) == ("first", 0)
+        warm.keep(_Ended([first]))
+
+        warm.start_run()
+        (second,) = warm.rollout_workers(_cfg(world, "second"), [1], options)
+        now = ray.get(second.identity.remote())
+        assert now == {"run": "second", "worker": 1, "pid": before["pid"]}  # the same process
+        os.kill(now["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while True:  # Ray restarts it with its creation arguments: run "first", worker 0
+            try:
+                again = ray.get(second.identity.remote(), timeout=30)
+                break
+            except ray.exceptions.RayActorError:
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+        assert again["pid"] != now["pid"]
+        assert (again["run"], again["worker"]) == ("second", 1)  # read from the board
+    finally:
+        warm.close()
+
+
+def test_kept_learner_ranks_go_to_a_group_of_their_size_only(ray_local, world):
+    from g2rpo.learner.group import LearnerGroup
+
+    warm = WarmActors()
+    options = {"num_cpus": 1}
+    try:
+        warm.start_run()
+        one = load_config(None, [*SMALL_RUN, f"model.pretrained={world / 'pipeline'}"])
+        assert warm.learner_ranks(one.model_dump(mode="json"), 1, options) is None  # none kept
+        group = LearnerGroup(one, options)
+        gone = ray.get(group.ranks[0].placement.remote())
+        warm.keep(_Ended(learner=group))
+
+        warm.start_run()  # a group of two takes none of them; the kept rank is stopped
+        assert warm.learner_ranks(_cfg(world, "two", "train.learner.count=2"), 2, options) is None
+        warm.release_unused()
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(group.ranks[0].placement.remote(), timeout=60)
+
+        warm.start_run()  # kept again by a run of one: the same process, reconfigured
+        group = LearnerGroup(one, options)
+        first = ray.get(group.ranks[0].placement.remote())
+        warm.keep(_Ended(learner=group))
+        warm.start_run()
+        (rank,) = warm.learner_ranks(_cfg(world, "again"), 1, options)
+        assert ray.get(rank.placement.remote())["pid"] == first["pid"]
+        assert gone["pid"] != first["pid"]
+    finally:
+        warm.close()
