@@ -12,7 +12,9 @@ a redone rollout or a resumed run reproduces itself."""
 
 from __future__ import annotations
 
+import math
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +46,8 @@ from .recovery import run_with_recovery
 from .warm_actors import WarmActors
 
 __all__ = ["read_metrics", "train"]
+
+CURVES_EVERY_S = 60.0
 
 
 @dataclass
@@ -79,6 +83,7 @@ class TrainingLoop:
     next_rollout: PendingRollout | None = None  # weights.staleness >= 1: started beside the update
     published: Published | None = None
     learner_restarts: int = 0  # learner groups formed again in this run (recovery.py)
+    curves_drawn_at: float = -math.inf  # time.monotonic() of the last curves.png
 
     def __post_init__(self) -> None:
         self.budget = Budget(self.cfg.run.nfe_budget)
@@ -217,12 +222,17 @@ class TrainingLoop:
         if self.status is not None:
             self.status.publish(row, self.run_dir, "finished" if last else "running")
 
-    def checkpoint(self, done: int) -> None:
+    def checkpoint(self, done: int, last: bool = False) -> None:
         sharded = sharded_learner(self.cfg)
         replace_other_layout(self.run_dir, done, sharded)
         self.actors.learner.save(str(checkpoint_path(self.run_dir, done, sharded)))
         prune_checkpoints(self.run_dir, self.cfg)
-        draw_curves(self.run_dir, self.cfg.run.name)
+        # curves.png at the session's last checkpoint, and at most once a minute before:
+        # a redraw is 0.7 s of driver time on 2 cores, half a tiny-world iteration
+        now = time.monotonic()
+        if last or now - self.curves_drawn_at >= CURVES_EVERY_S:
+            draw_curves(self.run_dir, self.cfg.run.name)
+            self.curves_drawn_at = now
 
     # ------------------------------------------------------------------ the loop
     def iteration(self, it: int, last: bool) -> dict:
@@ -317,12 +327,12 @@ class TrainingLoop:
                 self.record(row, stop)
                 t = self.cfg.train
                 if done % t.checkpoints.every == 0 or stop or done in t.checkpoints.at:
-                    self.checkpoint(done)
+                    self.checkpoint(done, last=stop)
                 bar.set_postfix(progress_fields(row, self.cfg))
                 if stop:
                     break
         except KeyboardInterrupt:
-            self.checkpoint(done)
+            self.checkpoint(done, last=True)
             print(
                 f"\ninterrupted after iteration {done}; resume with: "
                 f"g2rpo train --resume {self.run_dir}",

@@ -1,7 +1,7 @@
 """A run's curves from its metrics.jsonl rows: one panel function per picture
 (rewards, PPO ratio and clipping, advantages, loss and grad norm, seconds per phase),
-composed into ``runs/<name>/curves.png`` (redrawn at every checkpoint) and drawn one
-by one in the HTML report."""
+composed into ``runs/<name>/curves.png`` (redrawn at checkpoints, at most once a minute,
+and at the last) and drawn one by one in the HTML report."""
 
 from __future__ import annotations
 
