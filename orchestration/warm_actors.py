@@ -161,11 +161,8 @@ class WarmActors:
 
     def close(self) -> None:
         """Stop every kept actor and the board (nothing to do once Ray is shut down)."""
-        if not ray.is_initialized() or _ray_session() != self._session:
-            self._free, self._in_use, self._free_learners, self._board = [], {}, {}, None
-            return
-        kept = [k.handle for k in self._free]
-        kept += [r for ranks in self._free_learners.values() for r in ranks]
-        for handle in [*kept, *([self._board] if self._board is not None else [])]:
-            ray.kill(handle, no_restart=True)
+        if ray.is_initialized() and _ray_session() == self._session:
+            self.release_unused()
+            if self._board is not None:
+                ray.kill(self._board, no_restart=True)
         self._free, self._in_use, self._free_learners, self._board = [], {}, {}, None
