@@ -1,6 +1,7 @@
 """``g2rpo compare SPEC``: train every (method, seed) run through ``g2rpo train``
 (the same Ray path; one after another, or ``parallel`` at once where a cluster has
-room), resume an interrupted comparison (finished runs are skipped, partial ones
+room; or ``in_process``: one after another in this process, on actors kept warm
+between runs), resume an interrupted comparison (finished runs are skipped, partial ones
 resumed), evaluate every trained model against the base on fixed noise, and write
 results.json, table.md, curves and side-by-side grids."""
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..common.config import dump_config, load_config
-from ..common.errors import ConfigError, RunDirError, RunFailed
+from ..common.errors import ConfigError, G2RPOError, RunDirError, RunFailed, UsageError
 from ..common.paths import resolve_path
 from ..run_directory.files import finished, read_metrics
 from .compare_spec import CompareSpec, PlannedRun, plan_runs
@@ -79,8 +80,43 @@ def _progress_of(run: PlannedRun) -> str:
     return f"{run.name} it {last['iteration'] + 1} {share}".strip()
 
 
-def train_runs(spec: CompareSpec, runs: list[PlannedRun], progress: bool = True) -> None:
-    """Train the runs not finished yet; each logs to <run>/train.log."""
+def _train_here(run: PlannedRun, config_path: Path, warm) -> str | None:
+    """Train (or resume) one run in this process on the ``warm`` actors, its output
+    appended to <run>/train.log as a ``g2rpo train`` process's would be; returns
+    what failed, or None."""
+    from ..orchestration.driver import train
+
+    resume = run.run_dir if (run.run_dir / "metrics.jsonl").exists() else None
+    with (
+        (run.run_dir / "train.log").open("a") as log,
+        contextlib.redirect_stdout(log),
+        contextlib.redirect_stderr(log),
+    ):
+        try:
+            train(None if resume else config_path, [], resume=resume, progress=False, warm=warm)
+        except G2RPOError as e:  # as `g2rpo train` reports it; anything else is a bug
+            print(f"g2rpo: error: {e}", file=log)
+            return f"{run.name} ({e}; see {run.run_dir}/train.log)"
+        rows = len(read_metrics(run.run_dir))
+        print(f"run {run.run_dir}: {rows} iterations in metrics.jsonl (compare --in-process)")
+    if finished(run.run_dir) is None:
+        return f"{run.name} (stopped before its budget; see {run.run_dir}/train.log)"
+    return None
+
+
+def train_runs(
+    spec: CompareSpec,
+    runs: list[PlannedRun],
+    progress: bool = True,
+    *,
+    in_process: bool = False,
+    warm=None,
+) -> None:
+    """Train the runs not finished yet; each logs to <run>/train.log. Each goes
+    through its own ``g2rpo train`` process, or, ``in_process``, through this one on
+    ``warm`` (a WarmActors; one is made and closed here when not given)."""
+    from ..orchestration.warm_actors import WarmActors
+
     todo = [r for r in runs if finished(r.run_dir) is None]
     configs = spec.root / "configs"
     configs.mkdir(parents=True, exist_ok=True)
@@ -92,6 +128,9 @@ def train_runs(spec: CompareSpec, runs: list[PlannedRun], progress: bool = True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     queue = list(todo)
     elsewhere: list[PlannedRun] = []  # being trained by another compare process
+    own_pool = in_process and warm is None and bool(todo)
+    if own_pool:
+        warm = WarmActors()
     try:
         while queue or running or elsewhere:
             for run in list(elsewhere):
@@ -111,6 +150,15 @@ def train_runs(spec: CompareSpec, runs: list[PlannedRun], progress: bool = True)
                     continue
                 path = configs / f"{run.name}.yaml"
                 path.write_text(dump_config(run.config))
+                if in_process:
+                    bar.set_postfix_str(f"{run.name} (in this process)")
+                    try:
+                        error = _train_here(run, path, warm)
+                    finally:
+                        release(run.run_dir)
+                    failed += [error] if error else []
+                    bar.update(1)
+                    continue
                 log = (run.run_dir / "train.log").open("a")
                 proc = subprocess.Popen(
                     _train_command(run, path), stdout=log, stderr=subprocess.STDOUT, env=env
@@ -119,7 +167,7 @@ def train_runs(spec: CompareSpec, runs: list[PlannedRun], progress: bool = True)
             if running:  # back as soon as the oldest run ends, or in 2 s to update the bar
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     running[0][1].wait(timeout=2.0)
-            else:
+            elif elsewhere:
                 time.sleep(2.0)
             for run, proc in list(running):
                 if proc.poll() is None:
@@ -141,6 +189,8 @@ def train_runs(spec: CompareSpec, runs: list[PlannedRun], progress: bool = True)
         raise
     finally:
         bar.close()
+        if own_pool:
+            warm.close()
     if failed:
         raise RunFailed("runs failed: " + "; ".join(failed))
 
@@ -255,10 +305,23 @@ def _save_tiles(out: Path, samples: dict[str, SplitSamples]) -> None:
     )
 
 
-def compare(spec: CompareSpec, *, progress: bool = True, train: bool = True) -> Path:
-    """The whole comparison; returns the directory holding results.json."""
+def compare(
+    spec: CompareSpec,
+    *,
+    progress: bool = True,
+    train: bool = True,
+    in_process: bool = False,
+    warm=None,
+) -> Path:
+    """The whole comparison; returns the directory holding results.json.
+    ``in_process``/``warm``: how the runs are trained (:func:`train_runs`)."""
     from .compare_results import write_results
 
+    if in_process and spec.parallel > 1:
+        raise UsageError(
+            f"--in-process trains one run at a time; the spec asks parallel: {spec.parallel}"
+            " (runs at once need their own processes: leave out --in-process)"
+        )
     runs = plan_runs(spec)
     bases = {run.config.model.pretrained for run in runs}
     if len(bases) > 1:
@@ -268,7 +331,7 @@ def compare(spec: CompareSpec, *, progress: bool = True, train: bool = True) -> 
     spec.root.mkdir(parents=True, exist_ok=True)
     (spec.root / "spec.json").write_text(json.dumps(spec.model_dump(mode="json"), indent=1))
     if train:
-        train_runs(spec, runs, progress)
+        train_runs(spec, runs, progress, in_process=in_process, warm=warm)
     missing = [r.name for r in runs if finished(r.run_dir) is None]
     if missing:
         print(f"not finished yet, left out: {', '.join(missing)}", file=sys.stderr)

@@ -93,7 +93,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.no_progress:
         _quiet_weight_loading()
     try:
-        root = compare(spec, progress=not args.no_progress, train=not args.eval_only)
+        root = compare(
+            spec,
+            progress=not args.no_progress,
+            train=not args.eval_only,
+            in_process=args.in_process,
+        )
     except KeyboardInterrupt:
         print(f"interrupted; run the same command again to resume {spec.root}")
         return 130
@@ -160,6 +165,12 @@ def add_evidence_parsers(sub) -> None:
     cmp.add_argument("spec", help="comparison spec YAML")
     cmp.add_argument("--set", action="append", default=[], metavar="a.b=c")
     cmp.add_argument("--eval-only", action="store_true", help="evaluate the finished runs only")
+    cmp.add_argument(
+        "--in-process",
+        action="store_true",
+        help="train the runs one after another in this process, on Ray actors kept "
+        "between runs (no process and model loading per run: faster on one machine)",
+    )
     cmp.add_argument("--no-progress", action="store_true")
     cmp.set_defaults(func=_cmd_compare)
 

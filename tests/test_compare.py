@@ -1,7 +1,9 @@
 """``g2rpo compare`` end to end on the committed world: a 2-run, 2-iteration comparison
-through real ``g2rpo train`` processes (local Ray, a real reward server), evaluated
-on fixed noise; resumed without retraining; refused when the spec changes a run;
-and its HTML report (and a run's) rendered in headless Chromium."""
+trained in this process on the session's warm actors (``--in-process``; local Ray, a
+real reward server), evaluated on fixed noise; resumed without retraining; refused
+when the spec changes a run; a failing run reported from a real ``g2rpo train``
+process and from this one; and its HTML report (and a run's) rendered in headless
+Chromium."""
 
 import json
 
@@ -52,24 +54,12 @@ eval: {{splits: [held_out], prompts_per_split: 4, samples_per_prompt: 2}}
 
 
 @pytest.fixture(scope="module")
-def compared(ray_local, world, tmp_path_factory):
-    """The spec compared once; its `g2rpo train` processes join the tests' local Ray
-    (RAY_ADDRESS, which compare passes on), as they would join a cluster."""
-    import os
-
-    from servers import session_ray_env
-
+def compared(ray_local, warm, world, tmp_path_factory):
+    """The spec compared once, its runs trained in this process on the session's warm
+    actors (``g2rpo compare --in-process``)."""
     tmp = tmp_path_factory.mktemp("compare")
     spec = load_spec(_spec_file(tmp, world))
-    before = os.environ.get("RAY_ADDRESS")
-    os.environ["RAY_ADDRESS"] = session_ray_env()["RAY_ADDRESS"]
-    try:
-        root = compare(spec, progress=False)
-    finally:
-        if before is None:
-            del os.environ["RAY_ADDRESS"]
-        else:
-            os.environ["RAY_ADDRESS"] = before
+    root = compare(spec, progress=False, in_process=True, warm=warm)
     return tmp, spec, root
 
 
@@ -98,6 +88,8 @@ def test_compare_trains_evaluates_and_writes_its_files(compared):
     table = (root / "table.md").read_text()
     assert "### at the budget" in table and "### at equal iterations" in table
     assert "| G2RPO | 1 | 2 |" in table
+    log = (root / "runs" / "g2rpo-s0" / "train.log").read_text()
+    assert "2 iterations in metrics.jsonl" in log, log[-2000:]
     for name in ("reward_vs_nfe.png", "reward_vs_wall.png", "grid.png", "base/eval.json"):
         assert (root / name).stat().st_size > 1_000, name
     # the runs' training-time evaluations end with the final weights' own
@@ -148,6 +140,30 @@ def test_eval_threads_and_a_run_ending_at_the_equal_iterations_view(compared, tm
         assert view.st_mtime == pytest.approx(final.st_mtime, abs=1e-3)  # a copy
         at, budget = (evaluations["runs"][f"{run.name}/{v}"] for v in ("at_iterations", "budget"))
         assert at == budget and at["model"]["kind"] == "run-final"
+
+
+def test_a_failing_run_is_named_with_its_log_from_a_process_and_in_process(
+    ray_local, warm, world, tmp_path, monkeypatch
+):
+    """The run's `g2rpo train` process exits 2 (its prompts file is missing); compare
+    names the run, the exit code and its log. In this process the same run fails
+    with the same line in its log, and parallel runs are refused there."""
+    from g2rpo.common.errors import RunFailed, UsageError
+    from servers import session_ray_env
+
+    monkeypatch.setenv("RAY_ADDRESS", session_ray_env()["RAY_ADDRESS"])
+    missing = tmp_path / "missing.txt"
+    spec = load_spec(_spec_file(tmp_path, world), [f"methods.g2rpo.set=[train.prompts={missing}]"])
+    spec = spec.model_copy(update={"methods": {"g2rpo": spec.methods["g2rpo"]}})
+    run_dir = spec.root / "runs" / "g2rpo-s0"
+    with pytest.raises(RunFailed, match=r"g2rpo-s0 \(exit 2, see .*train\.log\)"):
+        compare(spec, progress=False)
+    assert "train.prompts" in (run_dir / "train.log").read_text()
+    with pytest.raises(RunFailed, match=r"g2rpo-s0 \(train\.prompts: .*train\.log\)"):
+        compare(spec, progress=False, in_process=True, warm=warm)
+    assert (run_dir / "train.log").read_text().count("train.prompts") == 2
+    with pytest.raises(UsageError, match="parallel: 2"):
+        compare(spec.model_copy(update={"parallel": 2}), in_process=True)
 
 
 def test_spec_errors_name_the_field(tmp_path, world):
