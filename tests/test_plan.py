@@ -209,3 +209,65 @@ def test_every_shipped_config_is_planned(path):
         assert_fits_its_hardware(path)
     else:  # the CPU world: nothing on a GPU to check
         assert p.fits
+
+
+# ---------------------------------------------------------------- shipped traces
+
+
+def _fresh_trace_env(monkeypatch, tmp_path, shipped: bool):
+    """An empty trace cache, the shipped table on or off, nothing planned yet."""
+    from g2rpo.planning import estimate, trace
+
+    monkeypatch.setenv("G2RPO_PLAN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("G2RPO_PLAN_SHIPPED", "1" if shipped else "0")
+    trace.shipped_traces.cache_clear()
+    estimate._plan_cached.cache_clear()
+
+
+def test_the_shipped_table_answers_readme_and_every_flux_recipe_without_tracing(
+    monkeypatch, tmp_path
+):
+    """Every plan ship_traces lists (each shipped FLUX recipe, README's one-GPU
+    learner, at 80 and 141 GiB, remedies included) is answered with nothing traced
+    and nothing built: a missing entry would reach the tracer, which raises here."""
+    from g2rpo.planning import estimate, trace
+    from g2rpo.planning.check import report
+    from g2rpo.planning.ship_traces import shipped_plans
+
+    def no_tracing(*_a, **_k):
+        raise AssertionError("traced: the shipped table lacks this shape (ship_traces)")
+
+    _fresh_trace_env(monkeypatch, tmp_path, shipped=True)
+    monkeypatch.setattr(trace, "_fake_mode", no_tracing)
+    monkeypatch.setattr(estimate, "_build_meta", no_tracing)
+    plans = shipped_plans()
+    assert {p.name for p, _, _ in plans} >= {"flux_hps.yaml", "flux_hps_lora_8gpu.yaml"}
+    try:
+        for path, over, gib in plans:
+            rep = report(load_config(path, over), gib)
+            assert rep["actors"], path
+    finally:
+        trace.shipped_traces.cache_clear()
+        estimate._plan_cached.cache_clear()
+    assert not (tmp_path / "cache").exists()  # nothing was traced, so nothing cached
+
+
+def test_a_shipped_trace_equals_a_fresh_trace(monkeypatch, tmp_path):
+    """The table is what the tracer measures today: the rollout (no-grad) transformer
+    call and the VAE decode traced again on fake tensors give the shipped bytes."""
+    from g2rpo.planning import estimate, trace
+
+    shipped = trace.shipped_traces()
+    entries = [json.loads(k) | {"result": r} for k, r in shipped.items()]
+    rollout = next(e for e in entries if e["kind"] == "transformer" and not e["train"])
+    vae = next(e for e in entries if e["kind"] == "vae")
+    _fresh_trace_env(monkeypatch, tmp_path, shipped=False)
+    try:
+        shape = {k: rollout[k] for k in rollout if k not in ("kind", "v", "arch", "result")}
+        shape["latent_hw"] = tuple(shape["latent_hw"])
+        assert trace.transformer_activations(rollout["arch"], **shape) == rollout["result"]
+        fresh = trace.vae_decode_activations(vae["arch"], tuple(vae["latent_hw"]))
+        assert fresh == vae["result"]["bytes"]
+    finally:
+        trace.shipped_traces.cache_clear()
+        estimate._plan_cached.cache_clear()
