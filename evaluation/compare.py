@@ -1,9 +1,10 @@
 """``g2rpo compare SPEC``: train every (method, seed) run through ``g2rpo train``
 (the same Ray path; one after another, or ``parallel`` at once where a cluster has
-room; or ``in_process``: one after another in this process, on actors kept warm
-between runs), resume an interrupted comparison (finished runs are skipped, partial ones
-resumed), evaluate every trained model against the base on fixed noise, and write
-results.json, table.md, curves and side-by-side grids."""
+room; or one after another in this process through a ``train_one`` the caller
+gives, such as orchestration's warm-actor trainer), resume an interrupted comparison
+(finished runs are skipped, partial ones resumed), evaluate every trained model
+against the base on fixed noise, and write results.json, table.md, curves and
+side-by-side grids."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -80,20 +82,22 @@ def _progress_of(run: PlannedRun) -> str:
     return f"{run.name} it {last['iteration'] + 1} {share}".strip()
 
 
-def _train_here(run: PlannedRun, config_path: Path, warm) -> str | None:
-    """Train (or resume) one run in this process on the ``warm`` actors, its output
+# trains (or resumes, when it has metrics) the run directory from the config file in
+# this process, raising a G2RPOError when the run cannot go on
+TrainOne = Callable[[Path, Path], None]
+
+
+def _train_here(run: PlannedRun, config_path: Path, train_one: TrainOne) -> str | None:
+    """Train (or resume) one run in this process through ``train_one``, its output
     appended to <run>/train.log as a ``g2rpo train`` process's would be; returns
     what failed, or None."""
-    from ..orchestration.driver import train
-
-    resume = run.run_dir if (run.run_dir / "metrics.jsonl").exists() else None
     with (
         (run.run_dir / "train.log").open("a") as log,
         contextlib.redirect_stdout(log),
         contextlib.redirect_stderr(log),
     ):
         try:
-            train(None if resume else config_path, [], resume=resume, progress=False, warm=warm)
+            train_one(run.run_dir, config_path)
         except G2RPOError as e:  # as `g2rpo train` reports it; anything else is a bug
             print(f"g2rpo: error: {e}", file=log)
             return f"{run.name} ({e}; see {run.run_dir}/train.log)"
@@ -109,14 +113,11 @@ def train_runs(
     runs: list[PlannedRun],
     progress: bool = True,
     *,
-    in_process: bool = False,
-    warm=None,
+    train_one: TrainOne | None = None,
 ) -> None:
     """Train the runs not finished yet; each logs to <run>/train.log. Each goes
-    through its own ``g2rpo train`` process, or, ``in_process``, through this one on
-    ``warm`` (a WarmActors; one is made and closed here when not given)."""
-    from ..orchestration.warm_actors import WarmActors
-
+    through its own ``g2rpo train`` process, or, given ``train_one``, through this
+    process, one after another."""
     todo = [r for r in runs if finished(r.run_dir) is None]
     configs = spec.root / "configs"
     configs.mkdir(parents=True, exist_ok=True)
@@ -128,9 +129,6 @@ def train_runs(
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     queue = list(todo)
     elsewhere: list[PlannedRun] = []  # being trained by another compare process
-    own_pool = in_process and warm is None and bool(todo)
-    if own_pool:
-        warm = WarmActors()
     try:
         while queue or running or elsewhere:
             for run in list(elsewhere):
@@ -150,10 +148,10 @@ def train_runs(
                     continue
                 path = configs / f"{run.name}.yaml"
                 path.write_text(dump_config(run.config))
-                if in_process:
+                if train_one is not None:
                     bar.set_postfix_str(f"{run.name} (in this process)")
                     try:
-                        error = _train_here(run, path, warm)
+                        error = _train_here(run, path, train_one)
                     finally:
                         release(run.run_dir)
                     failed += [error] if error else []
@@ -189,8 +187,6 @@ def train_runs(
         raise
     finally:
         bar.close()
-        if own_pool:
-            warm.close()
     if failed:
         raise RunFailed("runs failed: " + "; ".join(failed))
 
@@ -310,14 +306,13 @@ def compare(
     *,
     progress: bool = True,
     train: bool = True,
-    in_process: bool = False,
-    warm=None,
+    train_one: TrainOne | None = None,
 ) -> Path:
     """The whole comparison; returns the directory holding results.json.
-    ``in_process``/``warm``: how the runs are trained (:func:`train_runs`)."""
+    ``train_one``: how the runs are trained (:func:`train_runs`)."""
     from .compare_results import write_results
 
-    if in_process and spec.parallel > 1:
+    if train_one is not None and spec.parallel > 1:
         raise UsageError(
             f"--in-process trains one run at a time; the spec asks parallel: {spec.parallel}"
             " (runs at once need their own processes: leave out --in-process)"
@@ -331,7 +326,7 @@ def compare(
     spec.root.mkdir(parents=True, exist_ok=True)
     (spec.root / "spec.json").write_text(json.dumps(spec.model_dump(mode="json"), indent=1))
     if train:
-        train_runs(spec, runs, progress, in_process=in_process, warm=warm)
+        train_runs(spec, runs, progress, train_one=train_one)
     missing = [r.name for r in runs if finished(r.run_dir) is None]
     if missing:
         print(f"not finished yet, left out: {', '.join(missing)}", file=sys.stderr)

@@ -92,16 +92,21 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec, args.set)
     if args.no_progress:
         _quiet_weight_loading()
+    trainer = None
+    if args.in_process:
+        from g2rpo.orchestration.warm_trainer import WarmTrainer
+
+        trainer = WarmTrainer()
     try:
         root = compare(
-            spec,
-            progress=not args.no_progress,
-            train=not args.eval_only,
-            in_process=args.in_process,
+            spec, progress=not args.no_progress, train=not args.eval_only, train_one=trainer
         )
     except KeyboardInterrupt:
         print(f"interrupted; run the same command again to resume {spec.root}")
         return 130
+    finally:
+        if trainer is not None:
+            trainer.close()
     print((root / "table.md").read_text(), end="")
     print(f"wrote {root}/results.json, table.md, reward_vs_nfe.png, reward_vs_wall.png, grid.png")
     return 0

@@ -1,4 +1,5 @@
 import os
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -7,6 +8,11 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import pytest
 import torch
+
+# `g2rpo plan`'s trace cache (the doctor plans too): the session's own, never the
+# user's ~/.cache/g2rpo/plan; subprocesses inherit it
+_PLAN_CACHE = tempfile.TemporaryDirectory(prefix="g2rpo-plan-cache-")
+os.environ["G2RPO_PLAN_CACHE"] = _PLAN_CACHE.name
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 

@@ -13,6 +13,7 @@ from g2rpo.common.rollout_plan import algorithm_nfe
 from g2rpo.evaluation.compare import SpecChanged, compare, evaluate_runs
 from g2rpo.evaluation.compare_spec import load_spec, plan_runs
 from g2rpo.evaluation.report import write_report
+from g2rpo.orchestration.warm_trainer import WarmTrainer
 from g2rpo.rollout_worker.plan import g2rpo_plan
 from small_run import SMALL_RUN
 
@@ -59,7 +60,7 @@ def compared(ray_local, warm, world, tmp_path_factory):
     actors (``g2rpo compare --in-process``)."""
     tmp = tmp_path_factory.mktemp("compare")
     spec = load_spec(_spec_file(tmp, world))
-    root = compare(spec, progress=False, in_process=True, warm=warm)
+    root = compare(spec, progress=False, train_one=WarmTrainer(warm))
     return tmp, spec, root
 
 
@@ -143,27 +144,37 @@ def test_eval_threads_and_a_run_ending_at_the_equal_iterations_view(compared, tm
 
 
 def test_a_failing_run_is_named_with_its_log_from_a_process_and_in_process(
-    ray_local, warm, world, tmp_path, monkeypatch
+    ray_local, world, tmp_path, monkeypatch
 ):
     """The run's `g2rpo train` process exits 2 (its prompts file is missing); compare
-    names the run, the exit code and its log. In this process the same run fails
-    with the same line in its log, and parallel runs are refused there."""
+    names the run, the exit code and its log. `g2rpo compare --in-process` names the
+    same failure from its own process (same line in the log), and refuses parallel."""
+    import re
+    import subprocess
+
     from g2rpo.common.errors import RunFailed, UsageError
-    from servers import session_ray_env
+    from servers import G2RPO, session_ray_env
 
     monkeypatch.setenv("RAY_ADDRESS", session_ray_env()["RAY_ADDRESS"])
+    path = _spec_file(tmp_path, world)
+    # one method: the spec without its dancegrpo entry
+    path.write_text(re.sub(r"  dancegrpo:\n(    .*\n)+", "", path.read_text()))
     missing = tmp_path / "missing.txt"
-    spec = load_spec(_spec_file(tmp_path, world), [f"methods.g2rpo.set=[train.prompts={missing}]"])
-    spec = spec.model_copy(update={"methods": {"g2rpo": spec.methods["g2rpo"]}})
+    over = [f"methods.g2rpo.set=[train.prompts={missing}]"]
+    spec = load_spec(path, over)
+    assert list(spec.methods) == ["g2rpo"]
     run_dir = spec.root / "runs" / "g2rpo-s0"
     with pytest.raises(RunFailed, match=r"g2rpo-s0 \(exit 2, see .*train\.log\)"):
         compare(spec, progress=False)
     assert "train.prompts" in (run_dir / "train.log").read_text()
-    with pytest.raises(RunFailed, match=r"g2rpo-s0 \(train\.prompts: .*train\.log\)"):
-        compare(spec, progress=False, in_process=True, warm=warm)
+
+    cmd = [G2RPO, "compare", str(path), "--in-process", "--no-progress", "--set", over[0]]
+    here = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert here.returncode == 2, here.stdout + here.stderr
+    assert re.search(r"runs failed: g2rpo-s0 \(train\.prompts: .*train\.log\)", here.stderr)
     assert (run_dir / "train.log").read_text().count("train.prompts") == 2
     with pytest.raises(UsageError, match="parallel: 2"):
-        compare(spec.model_copy(update={"parallel": 2}), in_process=True)
+        compare(spec.model_copy(update={"parallel": 2}), train_one=lambda *_: None)
 
 
 def test_spec_errors_name_the_field(tmp_path, world):
