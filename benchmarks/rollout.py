@@ -99,6 +99,13 @@ def bench_engine(
     if latent_size < 2 or latent_size % 2:
         raise UsageError(f"--latent-size must be an even number >= 2, got {latent_size}")
     repeats = repeats or (1 if quick else 3)
+    # the tree's own checks first, before a model is built
+    try:  # named as the options they came from
+        plan = g2rpo_plan(
+            num_prompts, num_steps, group_size, sde_steps, granularities, terminal=terminal
+        )
+    except ValueError as exc:
+        raise UsageError(f"--steps/--group-size/--sde-steps/--granularities: {exc}") from None
 
     transformer = build_tiny_flux(size, seed=seed, dtype=torch_dtype).to(dev)
     model = FluxVelocity(transformer, latent_size, latent_size, attention_backend=attention_backend)
@@ -106,12 +113,6 @@ def bench_engine(
     tokens = (latent_size // 2) ** 2
     gen = torch.Generator().manual_seed(seed)
     cond = {k: v.to(dev) for k, v in random_text_cond(cfg, num_prompts, gen).items()}
-    try:  # the tree's own checks, named as the options they came from
-        plan = g2rpo_plan(
-            num_prompts, num_steps, group_size, sde_steps, granularities, terminal=terminal
-        )
-    except ValueError as exc:
-        raise UsageError(f"--steps/--group-size/--sde-steps/--granularities: {exc}") from None
     init, sde = draw_noise(plan, (tokens, cfg["in_channels"]), gen)
     init, sde = init.to(dev), sde.to(dev)
     engine = RolloutEngine(

@@ -106,6 +106,11 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    existing = Path(args.out) / "pipeline"
+    if existing.exists():  # said before torch loads (pretrain itself checks it too)
+        raise UsageError(f"{existing} already exists; choose another --out")
     import torch
 
     from g2rpo.world.pretrain import pretrain
@@ -125,14 +130,18 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 def _cmd_embed_prompts(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import torch
-
-    from g2rpo.common.flux_pipeline import FluxComponents, save_prompt_embeddings
+    from g2rpo.common.loaders import resolve_local_dir
 
     text = Path(args.prompts).read_text(encoding="utf-8")
     prompts = [line.strip() for line in text.splitlines() if line.strip()]
     if not prompts:
         raise UsageError(f"--prompts {args.prompts}: no prompts in the file")
+    # a wrong path says so before torch and diffusers load (seconds)
+    resolve_local_dir(args.pipeline, "FLUX pipeline", required=("model_index.json",))
+    import torch
+
+    from g2rpo.common.flux_pipeline import FluxComponents, save_prompt_embeddings
+
     comps = FluxComponents.load(args.pipeline)
     with torch.no_grad():
         embeds = comps.encode_prompts(prompts, args.max_sequence_length)

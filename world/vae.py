@@ -8,6 +8,7 @@ from tqdm.auto import tqdm
 
 from ..common.shapes import all_combinations, render_batch
 
+STATS_IMAGES = 2048  # the latent mean and std are taken over this many images
 VAE_CONFIG = dict(
     in_channels=3,
     out_channels=3,
@@ -60,9 +61,8 @@ def train_vae(
         bar.set_postfix(mse=f"{mse.item():.4f}")
     vae.eval()
     with torch.no_grad():  # FLUX convention: latents are (z − shift)·scale, about unit std
-        z = torch.cat(
-            [vae.encode(data[i : i + 256]).latent_dist.mode() for i in range(0, 2048, 256)]
-        )
+        n = min(num_images, STATS_IMAGES)
+        z = torch.cat([vae.encode(data[i : i + 256]).latent_dist.mode() for i in range(0, n, 256)])
     vae.register_to_config(shift_factor=float(z.mean()), scaling_factor=float(1.0 / z.std()))
     return vae
 
