@@ -1,21 +1,20 @@
 """The paper's training recipes (configs/flux_hps.yaml, configs/flux_hps_clip.yaml):
 they validate as shipped, and the HPS&CLIP recipe's structure — two reward models
 fused 1:1, served by two job-started reward-server replicas — trains two iterations
-on CPU as a real ``g2rpo train`` process, with tiny HPS-v2.1 and DFN5B stand-ins
+on CPU (in this process, on the session's warm actors), with tiny HPS-v2.1 and DFN5B stand-ins
 converted from their original OpenCLIP layout; every reward and its share of the
 advantage is logged per iteration."""
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from g2rpo.common.config import load_config
+from g2rpo.orchestration.driver import train
 from g2rpo.reward_server.convert import convert_reward
 from g2rpo.reward_server.random_models import byte_level_clip_tokenizer
 from reward_checkpoints import openclip_state_dict
-from servers import G2RPO, session_ray_env
 from small_run import SMALL_RUN
 
 # a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
@@ -36,7 +35,9 @@ def test_recipes_validate_with_the_official_settings():
     assert [s.split("=")[0] for s in both.train.reward.scorers] == ["hpsv2", "clip_score"]
 
 
-def test_hps_clip_recipe_trains_two_iterations_with_converted_stand_ins(ray_local, world, tmp_path):
+def test_hps_clip_recipe_trains_two_iterations_with_converted_stand_ins(
+    ray_local, warm, world, tmp_path
+):
     tok = tmp_path / "tok"
     byte_level_clip_tokenizer().save_pretrained(tok)
     dirs = {}
@@ -64,13 +65,8 @@ def test_hps_clip_recipe_trains_two_iterations_with_converted_stand_ins(ray_loca
         f"run.output_dir={tmp_path / 'runs'}",
         "run.iterations=2",
     ]
-    cmd = [G2RPO, "train", "--no-progress", "--config", str(CONFIGS / "flux_hps_clip.yaml")]
-    for o in overrides:
-        cmd += ["--set", o]
-    env = session_ray_env()  # the run joins the tests' local Ray
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    run = tmp_path / "runs" / "g2rpo-flux-hps-clip"
+    run = train(CONFIGS / "flux_hps_clip.yaml", overrides, progress=False, warm=warm)
+    assert run == tmp_path / "runs" / "g2rpo-flux-hps-clip"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1]
     for r in rows:
