@@ -11,11 +11,9 @@ import time
 import pytest
 import ray
 from g2rpo.common.config import load_config
-from g2rpo.common.config_train import ActorResources
 from g2rpo.learner.group import LearnerGroup
 from g2rpo.orchestration.cluster import RunActors
 from g2rpo.orchestration.publishing import CollectivePublisher
-from g2rpo.rollout_worker.actor import RolloutWorker
 from small_run import SMALL_RUN
 
 # a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
@@ -39,7 +37,9 @@ def _holds(actors: RunActors) -> list:
     return [tuple(ray.get(w.loaded.remote())) for w in actors.workers]
 
 
-def test_a_failed_broadcast_falls_back_and_the_group_is_formed_again(ray_local, world):
+def test_a_failed_broadcast_falls_back_and_the_group_is_formed_again(ray_local, warm, world):
+    """The learner and workers are the session's kept ones where it has them (as a run
+    takes them), given back when the test passes."""
     cfg = load_config(
         None,
         [
@@ -50,8 +50,12 @@ def test_a_failed_broadcast_falls_back_and_the_group_is_formed_again(ray_local, 
         ],
     )
     cfg_dict = cfg.model_dump(mode="json")
-    actors = RunActors(learner=LearnerGroup(cfg, ActorResources().ray_options()))
-    actors.workers = [RolloutWorker.options(num_cpus=1).remote(cfg_dict, i) for i in range(2)]
+    t = cfg.train
+    warm.start_run()
+    ranks = warm.learner_ranks(cfg_dict, t.learner.count, t.learner.ray_options())
+    actors = RunActors(learner=LearnerGroup(cfg, t.learner.ray_options(), ranks))
+    actors.workers = warm.rollout_workers(cfg_dict, [0, 1], t.workers.ray_options())
+    passed = False
     try:
         actors.learner.form()
         ray.get(actors.learner.ready_refs() + [w.ready.remote() for w in actors.workers])
@@ -69,10 +73,12 @@ def test_a_failed_broadcast_falls_back_and_the_group_is_formed_again(ray_local, 
         names = ray.get([w.weight_group.remote() for w in actors.workers])
         assert names == [publisher.name] * 2
         assert _holds(actors) == [(second.version, second.checksum)] * 2
+        passed = True
     finally:
-        actors.learner.kill()
-        for w in actors.workers:
-            ray.kill(w, no_restart=True)
+        if passed:
+            warm.keep(actors)
+        else:
+            actors.stop()
 
 
 def test_rank0_keeps_the_versions_a_worker_may_load_each_held_once(ray_local):
