@@ -94,6 +94,8 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(
         f"run.output_dir={tmp_path / 'runs'}",
         "run.name=monitored",
         "run.iterations=200",  # stopped once every query has answered
+        "train.workers.count=1",  # one process fewer to start than SMALL_RUN's two
+        "train.eval.on_actor=false",  # and one more: the held-out evaluation on the worker
         # held-out evaluation at iteration 0 only: no paired change is exported, so
         # G2rpoRewardCollapse has no series and the healthy-run check below does not
         # depend on the world's low strict pass rate over 32 samples (the

@@ -19,21 +19,21 @@ pytestmark = pytest.mark.slow
 
 def test_ray_job_submit_completes_one_iteration(world, tmp_path):
     ray_exe = shutil.which("ray") or os.path.join(os.path.dirname(sys.executable), "ray")
-    head = RayHead(num_cpus=5, log=tmp_path / "head.log")  # 2 workers, learner, replica, eval
+    head = RayHead(num_cpus=3, log=tmp_path / "head.log")  # a worker, the learner, a replica
     try:
         work = tmp_path / "job"
         work.mkdir()
         (work / "job.yaml").write_text(f"""
 model: {{pretrained: {world / "pipeline"}}}
 sampling: {{num_steps: 6, sde_steps: [0, 1], granularities: [1, 2], group_size: 4,
-           prompts_per_worker: 2}}
+           prompts_per_worker: 4}}
 rewards: [{{name: shapes_clip}}]
 run: {{name: job, iterations: 1, output_dir: {tmp_path / "runs"}}}
 train:
   image_size: 32
   max_sequence_length: 16
-  workers: {{count: 2}}
-  eval: {{samples: 4}}
+  workers: {{count: 1}}
+  eval: {{samples: 4, on_actor: false}}
   reward: {{scorers: ["shapes_clip={world / "shapes_clip"}"]}}
 """)
         submit = [ray_exe, "job", "submit", "--address", head.dashboard_url]
