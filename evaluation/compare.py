@@ -61,12 +61,18 @@ def check_unchanged(run: PlannedRun) -> None:
         )
 
 
+def _resume_dir(run: PlannedRun) -> Path | None:
+    """The run's directory when it has started (metrics on disk): it is resumed."""
+    return run.run_dir if (run.run_dir / "metrics.jsonl").exists() else None
+
+
 def _train_command(run: PlannedRun, config_path: Path) -> list[str]:
     from ..reward_server.process import g2rpo_executable
 
     exe = [g2rpo_executable(), "train", "--no-progress"]
-    if (run.run_dir / "metrics.jsonl").exists():
-        return [*exe, "--resume", str(run.run_dir)]
+    resume = _resume_dir(run)
+    if resume is not None:
+        return [*exe, "--resume", str(resume)]
     return [*exe, "--config", str(config_path)]
 
 
@@ -82,9 +88,10 @@ def _progress_of(run: PlannedRun) -> str:
     return f"{run.name} it {last['iteration'] + 1} {share}".strip()
 
 
-# trains (or resumes, when it has metrics) the run directory from the config file in
-# this process, raising a G2RPOError when the run cannot go on
-TrainOne = Callable[[Path, Path], None]
+# trains a run in this process from its config file, or resumes the run directory
+# given (then the config file is the one it was started with), raising a G2RPOError
+# when the run cannot go on
+TrainOne = Callable[[Path, Path | None], None]
 
 
 def _train_here(run: PlannedRun, config_path: Path, train_one: TrainOne) -> str | None:
@@ -97,7 +104,7 @@ def _train_here(run: PlannedRun, config_path: Path, train_one: TrainOne) -> str 
         contextlib.redirect_stderr(log),
     ):
         try:
-            train_one(run.run_dir, config_path)
+            train_one(config_path, _resume_dir(run))
         except G2RPOError as e:  # as `g2rpo train` reports it; anything else is a bug
             print(f"g2rpo: error: {e}", file=log)
             return f"{run.name} ({e}; see {run.run_dir}/train.log)"

@@ -11,19 +11,16 @@ from .warm_actors import WarmActors
 
 
 class WarmTrainer:
-    """compare's ``train_one``: trains, or resumes when it has metrics, one run
-    directory from its config file on the pool (one made here, and closed by
-    :meth:`close`, unless the caller gives its own)."""
+    """compare's ``train_one``: trains a run from its config file, or resumes its
+    directory, on the pool (one made here, and closed by :meth:`close`, unless the
+    caller gives its own)."""
 
     def __init__(self, warm: WarmActors | None = None) -> None:
         self.own = warm is None
         self.warm = WarmActors() if warm is None else warm
 
-    def __call__(self, run_dir: Path, config_path: Path) -> None:
-        if (Path(run_dir) / "metrics.jsonl").exists():
-            train(None, [], resume=run_dir, progress=False, warm=self.warm)
-        else:
-            train(config_path, [], progress=False, warm=self.warm)
+    def __call__(self, config: Path, resume: Path | None) -> None:
+        train(None if resume else config, [], resume=resume, progress=False, warm=self.warm)
 
     def close(self) -> None:
         if self.own:

@@ -16,6 +16,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from unittest.mock import patch
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_MEMORY_GIB = (80.0, 141.0)  # H100/A100 80GB and H200
@@ -46,21 +47,16 @@ def trace_shipped_plans(progress: bool = True) -> list[dict]:
     from . import trace
     from .check import report
 
-    before = {k: os.environ.get(k) for k in ("G2RPO_PLAN_SHIPPED", "G2RPO_PLAN_CACHE")}
     with tempfile.TemporaryDirectory() as cache:
-        os.environ.update(G2RPO_PLAN_SHIPPED="0", G2RPO_PLAN_CACHE=cache)
-        trace.shipped_traces.cache_clear()
-        try:
-            for path, over, gib in tqdm(shipped_plans(), desc="plans", disable=not progress):
-                report(load_config(path, over), gib)  # the plan and its remedies' plans
-            entries = [json.loads(f.read_text()) for f in sorted(Path(cache).glob("*.json"))]
-        finally:
-            for key, value in before.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        # the environment as it was once done (patch.dict restores it)
+        with patch.dict(os.environ, G2RPO_PLAN_SHIPPED="0", G2RPO_PLAN_CACHE=cache):
             trace.shipped_traces.cache_clear()
+            try:
+                for path, over, gib in tqdm(shipped_plans(), desc="plans", disable=not progress):
+                    report(load_config(path, over), gib)  # the plan and its remedies' plans
+            finally:
+                trace.shipped_traces.cache_clear()
+        entries = [json.loads(f.read_text()) for f in sorted(Path(cache).glob("*.json"))]
     return sorted(entries, key=lambda e: e["key"])
 
 
