@@ -58,6 +58,7 @@ def bench_precision(
     """Every setting on ``config`` (+ ``overrides``): the ratio statistics of one
     rollout of ``prompts`` train prompts."""
     from ..common.config import load_config
+    from ..common.one_node import device_overrides
     from ..common.prompts import read_prompts
 
     settings = settings or list(SETTINGS)
@@ -67,8 +68,7 @@ def bench_precision(
     if prompts < 1:
         raise UsageError(f"prompts must be >= 1, got {prompts}")
     base = [*(overrides or []), f"sampling.prompts_per_worker={prompts}"]
-    if device is not None:
-        base.append(f"model.device={device}")
+    base = device_overrides(config, base, device)
     cfg = load_config(config, base)
     chosen = read_prompts(cfg.train.prompts, "train.prompts")[:prompts]
     if len(chosen) < prompts:

@@ -48,6 +48,41 @@ def backend_failure(name: str, exc: BaseException) -> AttentionBackendError:
     )
 
 
+def checkpointing_func(attention_backend: str, input_dtype: torch.dtype | None = None):
+    """diffusers' ``gradient_checkpointing_func`` whose backward recomputes a block as
+    its forward ran it. diffusers' default re-runs the block outside two things the
+    forward had (both failed the learner's first update on an H200, torch 2.11: "Recomputed
+    values ... have different metadata"):
+
+    - the ``sdpa_kernel`` choice of ``model.attention_backend``: a context the backward
+      has left, so the recompute may take another kernel that saves other tensors
+      (reproduced on CPU: math in the forward, the CPU flash kernel in the recompute);
+    - FSDP2's cast of a block's inputs to its ``param_dtype``, which torch 2.11 skips
+      while the block's FSDP state is in its backward (2.13 casts there too): the
+      recompute saw float32 where the forward saw bfloat16. ``input_dtype`` (the
+      policy's ``param_dtype``) casts them before the checkpoint, so both passes get
+      the cast the forward would have made anyway."""
+    from torch.nn.attention import sdpa_kernel
+    from torch.utils._pytree import tree_map
+    from torch.utils.checkpoint import checkpoint
+
+    kernels = sdpa_backends(attention_backend)
+
+    def cast(x):
+        if input_dtype is not None and isinstance(x, torch.Tensor) and x.is_floating_point():
+            return x.to(input_dtype)
+        return x
+
+    def in_kernels(block, *args):
+        with sdpa_kernel(kernels):
+            return block(*args)
+
+    def run(block, *args):
+        return checkpoint(in_kernels, block, *tree_map(cast, args), use_reentrant=False)
+
+    return run
+
+
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
     """[B, C, H, W] → [B, (H/2)(W/2), 4C] (diffusers FluxPipeline._pack_latents layout)."""
     b, c, h, w = latents.shape

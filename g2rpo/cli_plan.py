@@ -47,10 +47,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from g2rpo.common.config import load_config
+    from g2rpo.common.one_node import device_overrides
 
-    overrides = list(args.set)
-    if args.device is not None:
-        overrides.append(f"model.device={args.device}")
+    overrides = device_overrides(args.config, list(args.set), args.device)
     cfg = load_config(args.config, overrides)  # a bad config says so before torch loads
     from g2rpo.planning.doctor import random_weights_config, run_doctor
     from g2rpo.planning.doctor_report import format_report

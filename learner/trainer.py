@@ -11,7 +11,7 @@ import torch
 from ..common.advantages import advantage_shares
 from ..common.config import G2RPOConfig
 from ..common.errors import ConfigError, RunDirError
-from ..common.flux import FluxVelocity
+from ..common.flux import FluxVelocity, checkpointing_func
 from ..common.flux_pipeline import latent_size
 from ..common.loaders import resolve_local_dir
 from ..common.lora import BaseModelVelocity, adapter_state, attach_lora, load_adapter_state
@@ -152,12 +152,17 @@ class LearnerCore:
             resolve_path(cfg.model.pretrained), "model.pretrained", required=("model_index.json",)
         )
         self.sharded = share.sharded
+        # FSDP2 gathers parameters and casts each block's inputs in model.dtype
+        self.fsdp_mixed_precision = self.sharded and cfg.model.mixed_precision == "fsdp"
         self.transformer = self._load_transformer(path)
         self.lora = cfg.model.lora is not None
         attach_lora(self.transformer, cfg)
         if cfg.model.gradient_checkpointing:
             # recompute each block's activations in the backward (same gradients)
-            self.transformer.enable_gradient_checkpointing()
+            fsdp_dtype = cfg.model.autocast_dtype() if self.fsdp_mixed_precision else None
+            self.transformer.enable_gradient_checkpointing(
+                checkpointing_func(cfg.model.attention_backend, fsdp_dtype)
+            )
         self.transformer.train()
         vae_config = AutoencoderKL.load_config(path, subfolder="vae", local_files_only=True)
         self.side, _ = latent_size(vae_config, cfg.train.image_size, cfg.train.image_size)
@@ -206,7 +211,7 @@ class LearnerCore:
         """FSDP2 over the policy (and the KL reference): shard, then fill the shards
         from rank 0's weights."""
         m = self.cfg.model
-        compute = m.autocast_dtype() if m.mixed_precision == "fsdp" else None
+        compute = m.autocast_dtype() if self.fsdp_mixed_precision else None
         initial = dict(self.transformer.state_dict()) if self.share.rank == 0 else {}
         modules = [self.transformer]
         if self.reference is not None:  # a copy of the unsharded initial model

@@ -29,10 +29,16 @@ PHASES = [
 SMALL = ["--set", "sampling.sde_steps=[0, 1]", "--set", "sampling.group_size=4"]
 
 
+# The doctor runs on a GPU node before Ray is there (the GPU machines we check on have
+# none): with `import ray` made to fail, it must still pass. It did not at first
+# (common/net.py imported Ray for a free port).
+WITHOUT_RAY = "import sys; sys.modules['ray'] = None; from g2rpo.cli import main; sys.exit(main())"
+
+
 def doctor(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "g2rpo.cli", "doctor", *args],
+        [sys.executable, "-c", WITHOUT_RAY, "doctor", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -139,3 +145,31 @@ def test_the_fields_the_doctor_and_the_plan_point_at_are_real():
 def test_doctor_refuses_bad_blocks(bad):
     proc = doctor("configs/tiny.yaml", "--random-weights", "tiny", "--blocks", bad)
     assert proc.returncode == 2 and "--blocks" in proc.stderr
+
+
+def test_a_one_node_check_on_cuda_gives_each_model_actor_a_gpu():
+    """`g2rpo doctor configs/tiny.yaml --device cuda` (and bench precision) were refused
+    on an H200: the committed world's actors ask Ray for no GPU, which training rightly
+    refuses on CUDA. The one-node checks place nothing through Ray: each kind without a
+    GPU gets one, a fraction stays (the plan shares a GPU by it), CPU is left alone."""
+    from g2rpo.common.config import ConfigError, load_config
+    from g2rpo.common.one_node import device_overrides
+
+    tiny = REPO / "configs" / "tiny.yaml"
+    with pytest.raises(ConfigError, match=r"train\.workers\.num_gpus"):
+        load_config(tiny, ["model.device=cuda"])
+    cuda = device_overrides(tiny, ["sampling.group_size=4"], "cuda")
+    assert cuda == [
+        "sampling.group_size=4",
+        "model.device=cuda",
+        "train.workers.num_gpus=1",
+        "train.learner.num_gpus=1",
+        "train.eval.num_gpus=1",  # the evaluator is an actor of its own there
+    ]
+    cfg = load_config(tiny, cuda)
+    assert cfg.model.device == "cuda" and cfg.train.workers.num_gpus == 1
+    assert device_overrides(tiny, [], "cpu") == ["model.device=cpu"]
+    assert device_overrides(tiny, ["a.b=1"], None) == ["a.b=1"]
+    lora = REPO / "configs" / "flux_hps_lora_8gpu.yaml"
+    assert device_overrides(lora, [], "cuda:1") == ["model.device=cuda:1"]
+    assert load_config(lora, ["model.device=cuda:1"]).train.learner.num_gpus == 0.5

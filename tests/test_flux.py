@@ -97,3 +97,34 @@ def test_flop_counter_known_answer():
     assert count_flops(lambda: layer(x).sum().backward()) == 3 * 2 * 8 * 32 * 16
     assert utilisation(2e12, 2.0, 10.0) == {"tflops": 1.0, "mfu": 0.1}
     assert utilisation(2e12, 2.0, None)["mfu"] is None
+
+
+def test_checkpointing_func_gives_the_recompute_the_forwards_input_dtype():
+    """FSDP2 casts a block's inputs to its param dtype in the forward, but torch 2.11
+    skips that cast when the backward recomputes the block (float32 then, bfloat16
+    before: the learner's first update failed on an H200). Cast before the checkpoint,
+    both passes get bfloat16, nested arguments (FLUX's rotary pair) included; integer
+    tensors and non-tensors pass as they are."""
+    from g2rpo.common.flux import checkpointing_func
+
+    seen = []
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+
+        def forward(self, x, rotary, ids, extra):
+            seen.append((x.dtype, rotary[0].dtype, rotary[1].dtype, ids.dtype, extra))
+            return (x * self.w * rotary[0] * rotary[1]).sum()
+
+    block = Block()
+    args = (torch.randn(3), (torch.randn(3), torch.randn(3)), torch.arange(3), None)
+    checkpointing_func("auto", torch.bfloat16)(block, *args).backward()
+    bf16 = torch.bfloat16
+    assert seen == [(bf16, bf16, bf16, torch.int64, None)] * 2  # forward, then recompute
+    assert block.w.grad is not None
+    seen.clear()
+    block.w = torch.nn.Parameter(torch.ones(3))
+    checkpointing_func("auto")(block, *args).backward()  # no dtype: nothing is cast
+    assert {s[:3] for s in seen} == {(torch.float32,) * 3} and len(seen) == 2

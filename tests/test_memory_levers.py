@@ -100,3 +100,20 @@ def test_the_learner_micro_batch_splits_the_same_update():
     after = split.weights()[1]
     for name, w in whole.weights()[1].items():
         torch.testing.assert_close(after[name], w, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_checkpointed_blocks_recompute_under_the_forwards_attention_kernels():
+    """The backward recomputes a checkpointed block under the SDPA kernels the forward
+    used. diffusers' default recomputes outside ``sdpa_kernel``: on an H200 that took
+    another kernel and failed the first update of every FLUX recipe that checkpoints;
+    here math in the forward met the CPU flash kernel in the recompute."""
+    from g2rpo.common.config import load_config
+
+    batch = _rollout(load_config(REPO / "configs" / "tiny.yaml", SMALL))
+    math = ["model.attention_backend=math"]
+    _, plain_stats, plain_grads = _update(math, batch)
+    ckpt, ckpt_stats, ckpt_grads = _update([*math, "model.gradient_checkpointing=true"], batch)
+    assert ckpt.transformer.is_gradient_checkpointing
+    for name, g in plain_grads.items():
+        torch.testing.assert_close(ckpt_grads[name], g, rtol=0, atol=1e-7, msg=name)
+    assert ckpt_stats["loss"] == plain_stats["loss"]
