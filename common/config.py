@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from .config_algorithm import AlgorithmConfig
 from .config_train import Section, TrainConfig
 from .errors import ConfigError
 from .paths import config_candidates, find_config
@@ -161,6 +162,11 @@ class SamplingConfig(Section):
         64, ge=1, description="images per VAE decode call (its activations grow with image size)"
     )
     execution: Literal["batched", "reference"] = "batched"
+    sde_type: Literal["auto", "flow", "dance", "cps"] = Field(
+        "auto",
+        description="the SDE of the stochastic steps: auto = the method's own (DanceGRPO's "
+        "g = η, Flow-GRPO's elsewhere), or Coefficients-Preserving Sampling (cps, η <= 1)",
+    )
 
     @field_validator("sde_steps")
     @classmethod
@@ -191,32 +197,6 @@ class SamplingConfig(Section):
                 "sigma=0 where the SDE density degenerates"
             )
         return self
-
-
-class DanceGRPOOptions(Section):
-    timestep_fraction: float = Field(0.6, gt=0, le=1, description="fraction of steps trained")
-
-
-class FlowGRPOOptions(Section):
-    train_fraction: float = Field(0.99, gt=0, le=1, description="first int(T·f) steps trained")
-    kl_beta: float = Field(0.0, ge=0, description="KL to the initial model")
-    init_same_noise: bool = False
-    adv_std: Literal["group", "global"] = "group"
-
-
-class MixGRPOOptions(Section):
-    window_size: int = Field(4, ge=1)
-    shift_every: int = Field(25, ge=1, description="iterations per window position")
-    stride: int = Field(1, ge=0, description="window advance per move")
-    roll_back: bool = True
-
-
-class AlgorithmConfig(Section):
-    name: Literal["g2rpo", "dancegrpo", "flowgrpo", "mixgrpo"] = "g2rpo"
-    dancegrpo: DanceGRPOOptions = Field(default_factory=DanceGRPOOptions)
-    flowgrpo: FlowGRPOOptions = Field(default_factory=FlowGRPOOptions)
-    mixgrpo: MixGRPOOptions = Field(default_factory=MixGRPOOptions)
-    control: bool = Field(False, description="shuffle advantages within each group (control run)")
 
 
 class OptimConfig(Section):
@@ -309,6 +289,40 @@ class G2RPOConfig(Section):
                 "whole GPU (train.learner.num_gpus: 1)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _method_fits_its_sampler(self) -> G2RPOConfig:
+        s, a = self.sampling, self.algorithm
+        if self.sde_type() == "cps" and s.eta > 1:
+            raise ValueError(
+                f"sampling.eta {s.eta:g} with sampling.sde_type cps: CPS's noise is "
+                "sigma'·sin(eta·pi/2), so eta must be <= 1 (flow_grpo's CPS recipes use 0.8)"
+            )
+        if a.name == "tempflow" and s.granularities != [1]:
+            raise ValueError(
+                f"algorithm.name tempflow completes every branch on the full grid: set "
+                f"sampling.granularities to [1] (got {s.granularities})"
+            )
+        if a.name == "flowgrpo_fast":
+            last = self.fast_branch_max() + a.flowgrpo_fast.window - 1
+            if last > s.num_steps - 2:
+                raise ValueError(
+                    f"algorithm.flowgrpo_fast: branch step up to {self.fast_branch_max()} plus "
+                    f"window {a.flowgrpo_fast.window} trains step {last}, past "
+                    f"sampling.num_steps-2 = {s.num_steps - 2} (the last step ends at sigma=0)"
+                )
+        return self
+
+    def sde_type(self) -> str:
+        """The SDE the stochastic steps take: ``sampling.sde_type``, or the method's own."""
+        if self.sampling.sde_type != "auto":
+            return self.sampling.sde_type
+        return "dance" if self.algorithm.name == "dancegrpo" else "flow"
+
+    def fast_branch_max(self) -> int:
+        """Flow-GRPO-Fast's largest branch step (its original code: T//2)."""
+        b = self.algorithm.flowgrpo_fast.branch_max
+        return self.sampling.num_steps // 2 if b is None else b
 
     def reward_weights(self) -> dict[str, float]:
         return {r.name: r.weight for r in self.rewards}

@@ -1,6 +1,7 @@
 """PPO-clip surrogate on the per-step log-probs (the GRPO loss, Eq. 7).
 
-r = exp(log π_θ − log π_old),  L = mean( max(−A·r, −A·clip(r, 1−ε, 1+ε)) )
+r = exp(log π_θ − log π_old),  L = mean( max(−A·r, −A·clip(r, 1−ε, 1+ε)) ),
+optionally with a positive weight per transition (TempFlow-GRPO's noise-aware w_k).
 """
 
 from __future__ import annotations
@@ -22,15 +23,21 @@ def ppo_clip_loss(
     old_log_prob: torch.Tensor,
     advantages: torch.Tensor,
     clip_range: float,
+    weights: torch.Tensor | None = None,
 ) -> PPOStats:
-    """Mean PPO-clip loss over the given transitions (gradient flows through log_prob)."""
+    """Mean PPO-clip loss over the given transitions (gradient flows through log_prob).
+    ``weights`` (> 0, per transition) scale both PPO terms, TempFlow-GRPO's
+    mean(max(−w·A·r, −w·A·clip(r))) = mean(w·max(−A·r, −A·clip(r)))."""
     if clip_range <= 0:
         raise ValueError(f"clip_range must be > 0, got {clip_range}")
     adv = advantages.to(log_prob.dtype)
     ratio = torch.exp(log_prob - old_log_prob.to(log_prob.dtype))
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
-    loss = torch.maximum(unclipped, clipped).mean()
+    per_transition = torch.maximum(unclipped, clipped)
+    if weights is not None:
+        per_transition = per_transition * weights.to(per_transition)
+    loss = per_transition.mean()
     outside = (ratio - 1.0).abs().detach() > clip_range
     return PPOStats(loss=loss, ratio=ratio.detach(), clipped=outside)
 

@@ -16,6 +16,8 @@ from typing import Literal
 
 import torch
 
+from .sde import SDEType
+
 LeafKind = Literal["anchor", "branch", "sample"]
 
 
@@ -47,7 +49,7 @@ class Leaf:
 class RolloutPlan:
     algorithm: str
     num_steps: int
-    sde_type: Literal["flow", "dance"]
+    sde_type: SDEType
     eta: float
     num_prompts: int
     group_size: int
@@ -57,6 +59,12 @@ class RolloutPlan:
     adv_shape: tuple[int, ...]  # advantages are a tensor of this shape, flattened into slots
     sde_steps: list[int] = field(default_factory=list)
     granularities: list[int] = field(default_factory=list)
+
+    @property
+    def scored_kind(self) -> LeafKind:
+        """The leaves whose rewards make the advantages: a tree's branches (G²RPO,
+        TempFlow-GRPO) or a baseline's samples."""
+        return "branch" if self.sde_steps else "sample"
 
     @property
     def num_roots(self) -> int:
@@ -103,6 +111,6 @@ def algorithm_nfe(plan: RolloutPlan) -> int:
     """The rollout NFEs the algorithm itself needs: a baseline's ODE anchors only
     measure the policy (``anchor_reward``), so they count as evaluation, not
     training; G²RPO's anchor is the trunk its branches start from."""
-    if plan.algorithm in ("g2rpo", "anchor"):
+    if plan.algorithm in ("g2rpo", "tempflow", "anchor"):
         return tree_nfe(plan)
     return tree_nfe(plan, ("sample",))

@@ -8,6 +8,17 @@ Rectified flow: x_σ = (1−σ)·x0 + σ·ε and the model predicts v ≈ ε −
 
 (Flow-GRPO, Eq. 3 of the G²RPO paper). g = η·√(σ/(1−σ)) for the Flow-GRPO SDE
 and g = η for DanceGRPO's. g = 0 gives the Euler ODE step x + Δ·v exactly.
+
+Coefficients-Preserving Sampling (CPS, arXiv 2509.05952; flow_grpo's ``sde_type="cps"``)
+is the DDIM-like step that keeps x' on the flow path σ' = σ_next:
+
+    τ = σ'·sin(ηπ/2),   μ = (1−σ')·x̂0 + √(σ'² − τ²)·x̂1,   x' = μ + τ·ε,
+
+with x̂0 = x − σv and x̂1 = x + (1−σ)v, so x' holds x0 with coefficient 1−σ' and noise
+of variance σ'²; it is linear in (x, v) too: cx = 1−σ'+k, cv = k(1−σ) − σ(1−σ') with
+k = σ'·cos(ηπ/2). η = 0 is the Euler step; σ' = 0 is deterministic. Its log-prob here
+is the Gaussian one like every other step's (the official code drops the variance:
+log r̃ = 2τ²·log r, which changes what a clip range means).
 Coefficients are computed in float64 from the exact σ and applied in float32 so
 that rollout and learner reproduce each other bit for bit.
 """
@@ -20,7 +31,8 @@ from typing import Literal
 
 import torch
 
-SDEType = Literal["flow", "dance"]
+SDEType = Literal["flow", "dance", "cps"]
+SDE_TYPES = ("flow", "dance", "cps")
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
@@ -51,7 +63,7 @@ def diffusion_coefficient(
     if sde_type == "dance":
         return eta * torch.ones_like(sigma)
     if sde_type != "flow":
-        raise ValueError(f"sde_type must be 'flow' or 'dance', got {sde_type!r}")
+        raise ValueError(f"sde_type must be 'flow' or 'dance' for g(σ), got {sde_type!r}")
     guarded = torch.where(sigma >= 1.0, torch.full_like(sigma, sigma_1), sigma)
     return eta * torch.sqrt(sigma / (1.0 - guarded))
 
@@ -70,12 +82,29 @@ def step_coefficients(
         raise ValueError("a step must start at sigma > 0")
     if torch.any(sigma_next >= sigma):
         raise ValueError("sigma must decrease along a step")
+    if sde_type == "cps":
+        return cps_coefficients(sigma, sigma_next, eta)
     dt = sigma_next - sigma
     g = diffusion_coefficient(sigma, eta, sde_type, sigma_1)
     g2 = g * g
     cx = 1.0 + g2 / (2.0 * sigma) * dt
     cv = (1.0 + g2 * (1.0 - sigma) / (2.0 * sigma)) * dt
     return StepCoefficients(cx=cx, cv=cv, std=g * torch.sqrt(-dt))
+
+
+def cps_coefficients(
+    sigma: torch.Tensor, sigma_next: torch.Tensor, eta: torch.Tensor | float
+) -> StepCoefficients:
+    """CPS: τ = σ'·sin(ηπ/2) and μ = (1−σ')·x̂0 + σ'·cos(ηπ/2)·x̂1 written as cx·x + cv·v
+    (√(σ'² − τ²) = σ'·cos(ηπ/2) exactly, so no square root of a rounded difference)."""
+    eta = torch.as_tensor(eta, dtype=torch.float64)
+    if torch.any(eta > 1):
+        raise ValueError(f"CPS needs eta <= 1 (its noise is sigma'·sin(eta·pi/2)), got {eta}")
+    angle = eta * (math.pi / 2.0)
+    k = sigma_next * torch.cos(angle)
+    cx = (1.0 - sigma_next) + k
+    cv = k * (1.0 - sigma) - sigma * (1.0 - sigma_next)
+    return StepCoefficients(cx=cx, cv=cv, std=sigma_next * torch.sin(angle))
 
 
 def _per_sample(coef: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -153,3 +182,20 @@ def x0_prediction(x: torch.Tensor, v: torch.Tensor, sigma) -> torch.Tensor:
     """Clean-image estimate x̂0 = x − σ·v."""
     sigma = torch.as_tensor(sigma, dtype=torch.float64)
     return x - _per_sample(sigma, x) * v
+
+
+def noise_step_weights(
+    sigmas: torch.Tensor, steps: list[int], eta: float, sde_type: SDEType, sigma_1: float
+) -> torch.Tensor:
+    """TempFlow-GRPO's noise-aware weights (arXiv 2508.04324, Eq. 8): step k's PPO terms
+    scaled by τ_k / mean_{j∈steps} τ_j, τ the step's std. The official code hard-codes
+    2.25·τ (SD3.5-M, T=10) and 1.73·τ (FLUX), which is this mean-1 normalisation for
+    one grid; here it follows the grid. Returns [T] float64, 1 outside ``steps``."""
+    sigmas = torch.as_tensor(sigmas, dtype=torch.float64)
+    idx = torch.tensor(steps)
+    std = step_coefficients(sigmas[idx], sigmas[idx + 1], eta, sde_type, sigma_1).std
+    if torch.any(std <= 0):
+        raise ValueError(f"noise-aware weights need noise at every trained step, got τ={std}")
+    weights = torch.ones(len(sigmas) - 1, dtype=torch.float64)
+    weights[idx] = std / std.mean()
+    return weights

@@ -38,9 +38,23 @@ def plan_advantages(
         adv = fuse_g2rpo_advantages(
             grids, weights, adv_clip=opt.adv_clip, eps=opt.adv_eps, spread_tol=opt.adv_spread_tol
         )
-    elif plan.algorithm == "flowgrpo":
-        # Flow-GRPO sums the weighted rewards first, then normalises once with the
-        # population std + 1e-4 (per prompt, or over every group of the iteration).
+    elif plan.algorithm == "tempflow":
+        # TempFlow-GRPO: Flow-GRPO's normalisation (weighted sum, population std + 1e-4)
+        # per (prompt, branch step): the group is the G siblings of one anchor state
+        total = sum(weights[n] * plan.gather(r, "branch").double() for n, r in leaf_rewards.items())
+        P, K, _, G = total.shape
+        adv = fuse_terminal_advantages(
+            {"reward": total[:, :, 0].reshape(P * K, G)},
+            {"reward": 1.0},
+            adv_clip=opt.adv_clip,
+            unbiased=False,
+            eps=1e-4,
+            spread_tol=opt.adv_spread_tol,
+        ).reshape(P, K, G)
+    elif plan.algorithm in ("flowgrpo", "flowgrpo_fast"):
+        # Flow-GRPO (and its Fast variant) sums the weighted rewards first, then
+        # normalises once with the population std + 1e-4 (per prompt, or over every
+        # group of the iteration).
         total = sum(weights[n] * plan.gather(r, "sample").double() for n, r in leaf_rewards.items())
         adv = fuse_terminal_advantages(
             {"reward": total},
@@ -74,7 +88,7 @@ def plan_reward_terms(
     """Each reward's weighted, group-normalised addend of the advantage (before the
     clip), for logging every reward's share of the learning signal."""
     weights, opt = cfg.reward_weights(), cfg.optim
-    if plan.algorithm == "g2rpo":
+    if plan.scored_kind == "branch":
         grids = {n: plan.gather(r, "branch") for n, r in leaf_rewards.items()}
         return g2rpo_reward_terms(grids, weights, eps=opt.adv_eps, spread_tol=opt.adv_spread_tol)
     return {

@@ -46,6 +46,8 @@ class StepSpec:
     grid: SamplingGrid
     eta: float
     sde_type: SDEType
+    # PPO weight of a transition by the grid step it leaves ([T] float64; TempFlow-GRPO)
+    step_weights: torch.Tensor | None = None
 
 
 @dataclass
@@ -94,7 +96,10 @@ def recompute_log_probs(
     coefs = step_coefficients(sigma, sigma_next, spec.eta, spec.sde_type, spec.grid.sigma_1)
     mean = transition_mean(x[inverse].to(torch.float32), v[inverse].to(torch.float32), coefs)
     log_prob = gaussian_log_prob(transitions.next_samples[rows].to(device), mean, coefs.std)
-    g = diffusion_coefficient(sigma, spec.eta, spec.sde_type, spec.grid.sigma_1)
+    if spec.sde_type == "cps":  # its KL divides by 2τ² (flow_grpo's exact KL for CPS)
+        g = coefs.std
+    else:
+        g = diffusion_coefficient(sigma, spec.eta, spec.sde_type, spec.grid.sigma_1)
     return log_prob, mean, g
 
 
@@ -199,11 +204,15 @@ def _chunk_loss(model, transitions, cond, spec, adv, clip_range, reference, kl_b
     """PPO-clip loss of some transition rows (mean over them), plus β·KL to the
     reference: (loss, PPO stats, KL as a float)."""
     log_prob, mean, g = recompute_log_probs(model, transitions, rows, cond, spec)
+    weights = None
+    if spec.step_weights is not None:
+        weights = spec.step_weights[transitions.state_step[transitions.state_index[rows]]]
     stats = ppo_clip_loss(
         log_prob,
         transitions.old_log_probs[rows].to(log_prob.device),
         adv[rows].to(log_prob.device),
         clip_range,
+        weights,
     )
     if reference is None:
         return stats.loss, stats, 0.0

@@ -17,6 +17,7 @@ from ..common.loaders import resolve_local_dir
 from ..common.lora import BaseModelVelocity, adapter_state, attach_lora, load_adapter_state
 from ..common.paths import resolve_path
 from ..common.schedules import sampling_grid
+from ..common.sde import noise_step_weights
 from ..common.seeds import seed_for
 from ..common.trajectories import Trajectories, Transitions
 from ..common.weights import weights_checksum
@@ -180,11 +181,18 @@ class LearnerCore:
             eps=o.eps,
             weight_decay=o.weight_decay,
         )
-        sde_type = "dance" if cfg.algorithm.name == "dancegrpo" else "flow"
+        sde_type = cfg.sde_type()
         grid = sampling_grid(
             cfg.sampling.num_steps, cfg.sampling.shift, cfg.model.quantize_timestep
         )
-        self.spec = StepSpec(grid=grid, eta=cfg.sampling.eta, sde_type=sde_type)
+        step_weights = None
+        if cfg.algorithm.name == "tempflow" and cfg.algorithm.tempflow.step_weights == "noise":
+            step_weights = noise_step_weights(
+                grid.sigmas, cfg.sampling.sde_steps, cfg.sampling.eta, sde_type, grid.sigma_1
+            )
+        self.spec = StepSpec(
+            grid=grid, eta=cfg.sampling.eta, sde_type=sde_type, step_weights=step_weights
+        )
         self.version = 0
         self.iteration = 0
 

@@ -37,7 +37,7 @@ def summarise_batches(batches, stats: dict) -> dict:
         train_vals, anchor_vals, per_g = [], [], {}
         for b in batches:
             r = b.leaf_rewards[name]
-            kind = "branch" if b.plan.algorithm == "g2rpo" else "sample"
+            kind = b.plan.scored_kind
             grid = b.plan.gather(r, kind)
             train_vals.append(grid.flatten())
             anchor_vals.append(b.plan.gather(r, "anchor").flatten())

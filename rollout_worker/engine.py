@@ -113,11 +113,12 @@ class RolloutEngine:
         (NaN on deterministic rows)."""
         to_idx = torch.tensor([e.to for e in edges])
         noise_rows = torch.tensor([e.noise for e in edges])
-        stochastic = noise_rows >= 0
-        eta = stochastic.to(torch.float64) * plan.eta  # float64: η must not round to fp32
+        eta = (noise_rows >= 0).to(torch.float64) * plan.eta  # float64: η must not round
         coefs = step_coefficients(
             self.sigmas[from_idx], self.sigmas[to_idx], eta, plan.sde_type, float(self.sigmas[1])
         )
+        # a CPS step into σ=0 has no noise (τ = σ'·sin(ηπ/2)): deterministic, as the ODE
+        stochastic = (noise_rows >= 0) & (coefs.std > 0)
         mean = transition_mean(x, v, coefs)
         sample = mean.clone()
         log_prob = torch.full((x.shape[0],), float("nan"), dtype=torch.float32, device=x.device)

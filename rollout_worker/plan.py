@@ -102,6 +102,77 @@ def g2rpo_plan(
     )
 
 
+def tempflow_plan(
+    num_prompts: int,
+    num_steps: int,
+    group_size: int,
+    sde_steps: list[int],
+    *,
+    eta: float = 0.7,
+    terminal: Terminal = "exact",
+) -> RolloutPlan:
+    """TempFlow-GRPO (arXiv 2508.04324): an ODE anchor per prompt, G SDE children at
+    each branch step, each completed by ODE on the full grid: G²RPO's tree with the
+    one granularity 1. Its advantages are normalised per (prompt, step) as Flow-GRPO
+    normalises (``learner/advantages.py``); its loss weighs steps by their noise."""
+    plan = g2rpo_plan(
+        num_prompts, num_steps, group_size, sde_steps, [1], eta=eta, terminal=terminal
+    )
+    plan.algorithm = "tempflow"
+    return plan
+
+
+def flowgrpo_fast_plan(
+    num_prompts: int,
+    num_steps: int,
+    group_size: int,
+    *,
+    window: int,
+    branch_steps: list[int],
+    eta: float = 0.7,
+    eval_anchor: bool = True,
+) -> RolloutPlan:
+    """Flow-GRPO-Fast as its original code samples (flow_grpo @a2832cc): per prompt
+    one ODE trunk from one noise to step k = ``branch_steps[p]``; there G branches take
+    ``window`` SDE steps (their own noise rows, all trained with the leaf's advantage)
+    and finish by ODE. The group is the G leaves of one trunk (the code's 18-leaf
+    groups mixed two trunks; here one trunk, one k shared by its branches)."""
+    if len(branch_steps) != num_prompts:
+        raise ValueError(f"one branch step per prompt: {len(branch_steps)} for {num_prompts}")
+    leaves: list[Leaf] = []
+    noise = 0
+    anchor = _anchor_edges(num_steps, store=False)
+    for p, k in enumerate(branch_steps):
+        if not 0 <= k <= num_steps - 1 - window:
+            raise ValueError(f"branch step {k} + window {window} runs past step {num_steps - 2}")
+        for j in range(group_size):
+            row = p * group_size + j
+            sde = []
+            for t in range(k, k + window):
+                sde.append(Edge(to=t + 1, noise=noise, trained=True, adv_slot=row))
+                noise += 1
+            rest = tuple(Edge(to=t) for t in range(k + window + 1, num_steps + 1))
+            edges = (*anchor[:k], *sde, *rest)
+            leaves.append(Leaf(root=p, prompt=p, edges=edges, kind="sample", coords=(p, j)))
+    if eval_anchor:
+        leaves += [
+            Leaf(root=p, prompt=p, edges=anchor, kind="anchor", coords=(p,))
+            for p in range(num_prompts)
+        ]
+    return RolloutPlan(
+        algorithm="flowgrpo_fast",
+        num_steps=num_steps,
+        sde_type="flow",
+        eta=eta,
+        num_prompts=num_prompts,
+        group_size=group_size,
+        root_prompt=list(range(num_prompts)),
+        num_noises=noise,
+        leaves=leaves,
+        adv_shape=(num_prompts, group_size),
+    )
+
+
 def _member_plan(
     algorithm: str,
     num_prompts: int,
@@ -280,7 +351,14 @@ def mixgrpo_plan(
 
 
 def plan_for(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan:
-    """The rollout plan of ``cfg.algorithm`` at a given iteration (cfg: G2RPOConfig)."""
+    """The rollout plan of ``cfg.algorithm`` at a given iteration (cfg: G2RPOConfig),
+    its stochastic steps of ``cfg.sde_type()`` (the method's own SDE, or CPS)."""
+    plan = _method_plan(cfg, iteration, generator)
+    plan.sde_type = cfg.sde_type()
+    return plan
+
+
+def _method_plan(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan:
     s, algo = cfg.sampling, cfg.algorithm
     P, T, G = s.prompts_per_worker, s.num_steps, s.group_size
     if algo.name == "g2rpo":
@@ -303,4 +381,12 @@ def plan_for(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan:
         o = algo.mixgrpo
         window = mixgrpo_window(iteration, T, o.window_size, o.shift_every, o.stride, o.roll_back)
         return mixgrpo_plan(P, T, G, window=window, eta=s.eta)
+    if algo.name == "tempflow":
+        return tempflow_plan(P, T, G, s.sde_steps, eta=s.eta, terminal=s.terminal)
+    if algo.name == "flowgrpo_fast":
+        high = cfg.fast_branch_max()
+        branch = torch.randint(0, high + 1, (P,), generator=generator).tolist()
+        return flowgrpo_fast_plan(
+            P, T, G, window=algo.flowgrpo_fast.window, branch_steps=branch, eta=s.eta
+        )
     raise ValueError(f"unknown algorithm {algo.name!r}")

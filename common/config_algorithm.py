@@ -1,0 +1,66 @@
+"""The ``algorithm`` section: which method a run trains with, and each method's own
+options (the sampler and optimizer settings they share live in ``sampling`` and
+``optim``)."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import Field
+
+from .config_train import Section
+
+AlgorithmName = Literal["g2rpo", "dancegrpo", "flowgrpo", "mixgrpo", "flowgrpo_fast", "tempflow"]
+ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)
+
+
+class DanceGRPOOptions(Section):
+    timestep_fraction: float = Field(0.6, gt=0, le=1, description="fraction of steps trained")
+
+
+class FlowGRPOOptions(Section):
+    train_fraction: float = Field(0.99, gt=0, le=1, description="first int(T·f) steps trained")
+    kl_beta: float = Field(0.0, ge=0, description="KL to the initial model")
+    init_same_noise: bool = False
+    adv_std: Literal["group", "global"] = "group"
+
+
+class MixGRPOOptions(Section):
+    window_size: int = Field(4, ge=1)
+    shift_every: int = Field(25, ge=1, description="iterations per window position")
+    stride: int = Field(1, ge=0, description="window advance per move")
+    roll_back: bool = True
+
+
+class FlowGRPOFastOptions(Section):
+    """Flow-GRPO-Fast as its original code samples: one ODE trunk per prompt, G branches
+    at a random step k, SDE for ``window`` steps from k, ODE to the end; only the window's
+    steps are trained, each with its leaf's advantage."""
+
+    window: int = Field(2, ge=1, description="consecutive SDE (trained) steps from the branch step")
+    branch_max: int | None = Field(
+        None,
+        ge=0,
+        description="k is drawn uniformly from 0..branch_max per prompt and iteration "
+        "(default T//2, the original code's range)",
+    )
+
+
+class TempFlowOptions(Section):
+    """TempFlow-GRPO: G²RPO's tree with one granularity (full ODE completion), branches
+    at ``sampling.sde_steps`` (the official code: every step 0..T−2), and each trained
+    step's PPO terms weighted by its noise level τ_k / mean of τ over the trained steps."""
+
+    step_weights: Literal["noise", "uniform"] = Field(
+        "noise", description="noise: w_k = τ_k / mean τ (the paper's noise-aware weighting)"
+    )
+
+
+class AlgorithmConfig(Section):
+    name: AlgorithmName = "g2rpo"
+    dancegrpo: DanceGRPOOptions = Field(default_factory=DanceGRPOOptions)
+    flowgrpo: FlowGRPOOptions = Field(default_factory=FlowGRPOOptions)
+    mixgrpo: MixGRPOOptions = Field(default_factory=MixGRPOOptions)
+    flowgrpo_fast: FlowGRPOFastOptions = Field(default_factory=FlowGRPOFastOptions)
+    tempflow: TempFlowOptions = Field(default_factory=TempFlowOptions)
+    control: bool = Field(False, description="shuffle advantages within each group (control run)")

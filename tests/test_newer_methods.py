@@ -1,0 +1,237 @@
+"""The newer methods in the same engine (../shared/docs/newer-methods.md): CPS's step
+(coefficients, noise, log-prob), TempFlow-GRPO's tree, noise-aware step weights and
+per-(prompt, step) advantages, Flow-GRPO-Fast's trunk-and-window plan, each method's
+NFEs as the doc's table derives them, and 2 iterations of each through the Ray path."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from g2rpo.common.config import ConfigError, load_config
+from g2rpo.common.ppo import ppo_clip_loss
+from g2rpo.common.rollout_plan import algorithm_nfe, tree_nfe
+from g2rpo.common.sde import cps_coefficients, noise_step_weights, sde_step
+from g2rpo.rollout_worker.plan import flowgrpo_fast_plan, plan_for, tempflow_plan
+from small_run import small_train
+
+F64 = torch.float64
+
+
+def _sd3_sigmas(num_steps: int, shift: float = 3.0) -> torch.Tensor:
+    """SD3's scheduler grid (diffusers FlowMatchEulerDiscreteScheduler.set_timesteps):
+    linspace(1, σ_min, T) shifted, σ_min = the shifted 1/1000, then 0."""
+
+    def shifted(s):
+        return shift * s / (1 + (shift - 1) * s)
+
+    low = shifted(torch.tensor(1e-3, dtype=F64))
+    grid = shifted(torch.linspace(1.0, float(low), num_steps, dtype=F64))
+    return torch.cat([grid, torch.zeros(1, dtype=F64)])
+
+
+# ------------------------------------------------------------------------------ CPS
+
+
+def test_cps_at_eta_zero_is_the_euler_step():
+    sigma, nxt = torch.tensor([0.9, 0.4], dtype=F64), torch.tensor([0.7, 0.1], dtype=F64)
+    c = cps_coefficients(sigma, nxt, 0.0)
+    torch.testing.assert_close(c.cx, torch.ones(2, dtype=F64))
+    torch.testing.assert_close(c.cv, nxt - sigma)
+    assert torch.all(c.std == 0)
+
+
+def test_cps_preserves_the_flow_paths_coefficients():
+    """With x = (1−σ)x0 + σε and the exact velocity v = ε − x0, the CPS mean holds x0 with
+    coefficient 1−σ' and old noise with σ'·cos(ηπ/2); fresh noise τ = σ'·sin(ηπ/2)
+    brings the noise variance back to σ'² (arXiv 2509.05952)."""
+    sigma = torch.tensor([1.0, 0.8, 0.35], dtype=F64)
+    nxt = torch.tensor([0.9, 0.5, 0.05], dtype=F64)
+    eta = 0.8
+    c = cps_coefficients(sigma, nxt, eta)
+    # μ = cx·x + cv·v: x0 enters x with (1−σ) and v with −1; ε with σ and +1
+    torch.testing.assert_close(c.cx * (1 - sigma) - c.cv, 1 - nxt)
+    torch.testing.assert_close(c.cx * sigma + c.cv, nxt * math.cos(eta * math.pi / 2))
+    torch.testing.assert_close(c.std, nxt * math.sin(eta * math.pi / 2))
+    torch.testing.assert_close(
+        (c.cx * sigma + c.cv) ** 2 + c.std**2, nxt**2
+    )  # the noise variance stays σ'²
+    # and by sampling: x' has mean (1−σ')x0 and variance σ'² around it
+    gen = torch.Generator().manual_seed(0)
+    x0 = torch.full((200_000, 1), 0.3, dtype=F64)
+    eps = torch.randn(x0.shape, generator=gen, dtype=F64)
+    fresh = torch.randn(x0.shape, generator=gen, dtype=F64)
+    x = (1 - 0.8) * x0 + 0.8 * eps
+    out = sde_step(x, eps - x0, 0.8, 0.5, eta, sde_type="cps", noise=fresh)
+    assert abs(float(out.sample.mean()) - 0.5 * 0.3) < 0.005
+    assert abs(float(out.sample.var()) - 0.5**2) < 0.005
+
+
+def test_cps_log_prob_is_the_gaussian_of_its_step_and_its_last_step_is_deterministic():
+    gen = torch.Generator().manual_seed(1)
+    x, v = torch.randn(3, 8, generator=gen), torch.randn(3, 8, generator=gen)
+    noise = torch.randn(3, 8, generator=gen)
+    out = sde_step(x, v, 0.6, 0.3, 0.7, sde_type="cps", noise=noise)
+    tau = 0.3 * math.sin(0.7 * math.pi / 2)
+    expected = torch.distributions.Normal(out.mean.double(), tau).log_prob(out.sample.double())
+    torch.testing.assert_close(out.log_prob.double(), expected.mean(dim=1), rtol=0, atol=1e-6)
+    last = sde_step(x, v, 0.2, 0.0, 0.7, sde_type="cps", noise=noise)
+    assert last.log_prob is None and torch.equal(last.sample, last.mean)
+
+
+def test_cps_is_a_sampler_option_with_its_eta_checked():
+    cfg = load_config(None, ["sampling.sde_type=cps", "sampling.eta=0.8"])
+    plan = plan_for(cfg, 0, torch.Generator().manual_seed(0))
+    assert cfg.sde_type() == "cps" and plan.sde_type == "cps"
+    assert load_config(None, ["algorithm.name=dancegrpo"]).sde_type() == "dance"
+    with pytest.raises(ConfigError, match=r"sampling\.eta 1\.2 with sampling\.sde_type cps"):
+        load_config(None, ["sampling.sde_type=cps", "sampling.eta=1.2"])
+
+
+# ------------------------------------------------------------------------ TempFlow
+
+
+def test_noise_aware_weights_reproduce_the_official_constants():
+    """TempFlow's code multiplies each step's PPO terms by 2.25·τ (SD3.5-M, T=10); that is
+    τ over the mean τ of the 9 trained steps on SD3's grid (newer-methods.md §3d: 2.252,
+    and 2.886 at T=16). The weights are mean 1 over the trained steps, 1 elsewhere."""
+    for steps, constant in ((10, 2.252), (16, 2.886)):
+        sigmas = _sd3_sigmas(steps)
+        trained = list(range(steps - 1))
+        w = noise_step_weights(sigmas, trained, 0.7, "flow", float(sigmas[1]))
+        tau0 = sde_step(
+            torch.zeros(1, 1),
+            torch.zeros(1, 1),
+            sigmas[0],
+            sigmas[1],
+            0.7,
+            sde_type="flow",
+            sigma_1=float(sigmas[1]),
+            noise=torch.zeros(1, 1),
+        ).std
+        assert float(tau0 / w[0]) == pytest.approx(1 / constant, rel=2e-3)
+        assert float(w[trained].mean()) == pytest.approx(1.0)
+        assert w[-1] == 1.0
+    some = noise_step_weights(_sd3_sigmas(10), [2, 5], 0.7, "flow", float(_sd3_sigmas(10)[1]))
+    assert float(some[[2, 5]].mean()) == pytest.approx(1.0) and some[0] == 1.0
+
+
+def test_weighted_ppo_loss_known_answer():
+    lp = torch.tensor([0.0, 0.0, 0.0], requires_grad=True)
+    adv = torch.tensor([1.0, -2.0, 0.5])
+    w = torch.tensor([2.0, 0.5, 1.0])
+    stats = ppo_clip_loss(lp, torch.zeros(3), adv, 0.1, w)
+    # r = 1: each term is −A, weighted: mean(−2·1, +0.5·2, −1·0.5) = −0.5/3
+    assert float(stats.loss.detach()) == pytest.approx((-2.0 + 1.0 - 0.5) / 3)
+    stats.loss.backward()
+    torch.testing.assert_close(lp.grad, -(w * adv) / 3)
+
+
+def test_tempflow_plan_nfe_and_advantages_per_prompt_and_step():
+    """Per prompt: the anchor (T forwards) and, per branch step k, G children completed
+    on the full grid (T−k−1 forwards each): the doc's 15 + 6·120 at T=16 (its trunk
+    skips the anchor's last step; ours finishes it, +1)."""
+    P, T, G, steps = 2, 16, 6, list(range(15))
+    plan = tempflow_plan(P, T, G, steps)
+    assert plan.algorithm == "tempflow" and plan.granularities == [1]
+    assert tree_nfe(plan) == algorithm_nfe(plan) == P * (T + G * sum(T - k - 1 for k in steps))
+    assert tree_nfe(plan) == 2 * (15 + 6 * 120 + 1)
+    assert plan.adv_shape == (P, len(steps), G)
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=tempflow",
+            "sampling.granularities=[1]",
+            f"sampling.sde_steps={steps}",
+            f"sampling.group_size={G}",
+            f"sampling.prompts_per_worker={P}",
+        ],
+    )
+    from g2rpo.learner.advantages import plan_advantages
+
+    gen = torch.Generator().manual_seed(2)
+    rewards = torch.rand(len(plan.leaves), generator=gen, dtype=F64)
+    adv = plan_advantages(plan, {"shapes_clip": rewards}, cfg).reshape(plan.adv_shape)
+    grid = plan.gather(rewards, "branch")[:, :, 0]  # [P, K, G]
+    mean, std = grid.mean(-1, keepdim=True), grid.std(-1, keepdim=True, unbiased=False)
+    torch.testing.assert_close(adv, ((grid - mean) / (std + 1e-4)).clamp(-5, 5))
+    with pytest.raises(ConfigError, match=r"sampling\.granularities to \[1\]"):
+        load_config(None, ["algorithm.name=tempflow"])
+
+
+# ------------------------------------------------------------------- Flow-GRPO-Fast
+
+
+def test_flowgrpo_fast_plan_trunk_window_and_nfe():
+    """One ODE trunk per prompt to its branch step k, G branches of W trained SDE steps,
+    ODE to the end, G·W trained transitions. Training NFEs per prompt: k + 1 + G·(T−k−1).
+    The doc's k + G·(T−k) (4 + 24·12 = 292 at k=4, G=24, T=16) is the official code's,
+    which repeats the trunk state G times before its first SDE step; the engine
+    evaluates that one state once (269 here). The evaluation anchor finishes the trunk."""
+    plan = flowgrpo_fast_plan(2, 16, 24, window=2, branch_steps=[4, 0])
+    assert algorithm_nfe(plan) == (4 + 1 + 24 * 11) + (0 + 1 + 24 * 15)
+    assert tree_nfe(plan) == algorithm_nfe(plan) + (16 - 5) + 15  # the anchors' tails
+    for leaf in plan.leaves:
+        if leaf.kind != "sample":
+            continue
+        k = 4 if leaf.prompt == 0 else 0
+        trained = [i for i, e in enumerate(leaf.edges) if e.trained]
+        assert trained == [k, k + 1]  # the window's steps, and only they
+        assert all(e.stochastic for e in leaf.edges[k : k + 2])
+        assert not any(e.stochastic for i, e in enumerate(leaf.edges) if i not in (k, k + 1))
+        assert {leaf.edges[i].adv_slot for i in trained} == {leaf.prompt * 24 + leaf.coords[1]}
+    noises = [e.noise for leaf in plan.leaves for e in leaf.edges if e.stochastic]
+    assert len(noises) == len(set(noises)) == 2 * 24 * 2
+    with pytest.raises(ValueError, match="runs past"):
+        flowgrpo_fast_plan(1, 16, 4, window=2, branch_steps=[14])
+
+
+def test_flowgrpo_fast_draws_its_branch_step_per_prompt_from_the_config():
+    cfg = load_config(None, ["algorithm.name=flowgrpo_fast", "sampling.prompts_per_worker=64"])
+    plan = plan_for(cfg, 0, torch.Generator().manual_seed(0))
+    steps = {
+        next(i for i, e in enumerate(leaf.edges) if e.trained)
+        for leaf in plan.leaves
+        if leaf.kind == "sample"
+    }
+    assert steps == set(range(0, 16 // 2 + 1))  # uniform on 0..T//2, every value drawn
+    with pytest.raises(ConfigError, match=r"algorithm\.flowgrpo_fast"):
+        load_config(None, ["algorithm.name=flowgrpo_fast", "algorithm.flowgrpo_fast.window=8"])
+
+
+# ------------------------------------------------------------- through the Ray path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "extra", "transitions"),
+    [
+        # Fast on CPS: 2 workers · 2 prompts · G=4 · window 2
+        (
+            "fast-cps",
+            [
+                "algorithm.name=flowgrpo_fast",
+                "algorithm.flowgrpo_fast.branch_max=2",
+                "sampling.sde_type=cps",
+                "sampling.eta=0.8",
+            ],
+            2 * 2 * 4 * 2,
+        ),
+        # TempFlow: 2 workers · 2 prompts · 2 branch steps · G=4
+        ("tempflow", ["algorithm.name=tempflow", "sampling.granularities=[1]"], 2 * 2 * 2 * 4),
+    ],
+)
+def test_two_iterations_through_the_ray_path(
+    warm, world, scorer_url, tmp_path, name, extra, transitions
+):
+    from g2rpo.orchestration.driver import read_metrics
+
+    run = small_train(world, tmp_path, name, 2, extra, warm=warm, reward_url=scorer_url)
+    rows = read_metrics(run)
+    assert [r["iteration"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["transitions"] == transitions
+        assert math.isfinite(r["loss"]) and r["optimizer_steps"] >= 1
+        # the first update starts from the rollout's own weights: ratio 1 to rounding
+    assert abs(rows[0]["ratio_max"] - 1) < 1e-4 or rows[0]["optimizer_steps"] > 1
