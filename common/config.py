@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .config_algorithm import AlgorithmConfig
+from .config_algorithm import AlgorithmConfig, OptimConfig
 from .config_train import Section, TrainConfig
 from .errors import ConfigError
 from .paths import config_candidates, find_config
@@ -197,28 +197,6 @@ class SamplingConfig(Section):
                 "sigma=0 where the SDE density degenerates"
             )
         return self
-
-
-class OptimConfig(Section):
-    lr: float = Field(2e-6, gt=0)
-    weight_decay: float = Field(1e-4, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    clip_range: float = Field(1e-4, gt=0, description="PPO ratio clip ε")
-    adv_clip: float = Field(5.0, gt=0, description="advantage clamp after fusion")
-    max_grad_norm: float = Field(1.0, gt=0)
-    step_mode: Literal["per_sde_step", "accumulate", "per_samples"] = Field(
-        "per_sde_step",
-        description="optimizer step after each SDE step, once per iteration, "
-        "or every samples_per_step samples",
-    )
-    samples_per_step: int = Field(
-        4, ge=1, description="per_samples: samples per optimizer step (all workers together)"
-    )
-    adv_eps: float = Field(1e-8, gt=0)
-    adv_spread_tol: float = Field(
-        1e-7, ge=0, description="groups spreading less get zero advantage"
-    )
 
 
 class RewardSpec(Section):

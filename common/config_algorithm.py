@@ -1,6 +1,6 @@
-"""The ``algorithm`` section: which method a run trains with, and each method's own
-options (the sampler and optimizer settings they share live in ``sampling`` and
-``optim``)."""
+"""The ``algorithm`` section (which method a run trains with, and each method's own
+options) and the ``optim`` section (how the learner optimises: rates, clips, the loss,
+when it steps)."""
 
 from __future__ import annotations
 
@@ -64,3 +64,31 @@ class AlgorithmConfig(Section):
     flowgrpo_fast: FlowGRPOFastOptions = Field(default_factory=FlowGRPOFastOptions)
     tempflow: TempFlowOptions = Field(default_factory=TempFlowOptions)
     control: bool = Field(False, description="shuffle advantages within each group (control run)")
+
+
+class OptimConfig(Section):
+    lr: float = Field(2e-6, gt=0)
+    weight_decay: float = Field(1e-4, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    clip_range: float = Field(1e-4, gt=0, description="PPO ratio clip ε")
+    adv_clip: float = Field(5.0, gt=0, description="advantage clamp after fusion")
+    max_grad_norm: float = Field(1.0, gt=0)
+    step_mode: Literal["per_sde_step", "accumulate", "per_samples"] = Field(
+        "per_sde_step",
+        description="optimizer step after each SDE step, once per iteration, "
+        "or every samples_per_step samples",
+    )
+    samples_per_step: int = Field(
+        4, ge=1, description="per_samples: samples per optimizer step (all workers together)"
+    )
+    loss: Literal["ppo", "grpo_guard"] = Field(
+        "ppo",
+        description="grpo_guard: GRPO-Guard's normalised ratio (RatioNorm) and each step's "
+        "loss over its |Δσ| (gradient reweighting), on any SDE method; its clip ranges are "
+        "smaller (the official 2e-6 to 4e-6)",
+    )
+    adv_eps: float = Field(1e-8, gt=0)
+    adv_spread_tol: float = Field(
+        1e-7, ge=0, description="groups spreading less get zero advantage"
+    )

@@ -28,10 +28,23 @@ def ppo_clip_loss(
     """Mean PPO-clip loss over the given transitions (gradient flows through log_prob).
     ``weights`` (> 0, per transition) scale both PPO terms, TempFlow-GRPO's
     mean(max(−w·A·r, −w·A·clip(r))) = mean(w·max(−A·r, −A·clip(r)))."""
+    return clipped_surrogate(
+        log_prob - old_log_prob.to(log_prob.dtype), advantages, clip_range, weights
+    )
+
+
+def clipped_surrogate(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_range: float,
+    weights: torch.Tensor | None = None,
+) -> PPOStats:
+    """The PPO-clip surrogate of r = exp(log_ratio), whatever ratio that is (the plain
+    one above, GRPO-Guard's normalised one below)."""
     if clip_range <= 0:
         raise ValueError(f"clip_range must be > 0, got {clip_range}")
-    adv = advantages.to(log_prob.dtype)
-    ratio = torch.exp(log_prob - old_log_prob.to(log_prob.dtype))
+    adv = advantages.to(log_ratio.dtype)
+    ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
     per_transition = torch.maximum(unclipped, clipped)
@@ -40,6 +53,24 @@ def ppo_clip_loss(
     loss = per_transition.mean()
     outside = (ratio - 1.0).abs().detach() > clip_range
     return PPOStats(loss=loss, ratio=ratio.detach(), clipped=outside)
+
+
+def guard_log_ratio(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    mean: torch.Tensor,
+    old_mean: torch.Tensor,
+    std: torch.Tensor,
+) -> torch.Tensor:
+    """GRPO-Guard's RatioNorm (arXiv 2510.22319; flow_grpo train_sd3_GRPO_Guard.py):
+    log r̂ = τ·(log π_θ − log π_old + b), b = mean((μ_θ − μ_old)²)/(2τ²), b not detached.
+    Under the rollout's own noise x' = μ_old + τε this is mean(ε ⊙ (μ_θ − μ_old)):
+    centred on 0, its spread O(|δ|) instead of O(|δ|/τ). τ per transition ([m]), not
+    the batch mean the official code takes (it assumes one step per micro-batch)."""
+    tau = std.to(log_prob.device, log_prob.dtype).reshape(-1)
+    delta = mean - old_mean.to(mean)
+    bias = (delta**2).flatten(1).mean(dim=1) / (2.0 * tau**2)
+    return tau * (log_prob - old_log_prob.to(log_prob) + bias)
 
 
 def kl_to_reference(

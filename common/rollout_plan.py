@@ -59,6 +59,8 @@ class RolloutPlan:
     adv_shape: tuple[int, ...]  # advantages are a tensor of this shape, flattened into slots
     sde_steps: list[int] = field(default_factory=list)
     granularities: list[int] = field(default_factory=list)
+    # record each trained step's mean μ_old (GRPO-Guard's ratio normalisation needs it)
+    keep_means: bool = False
 
     @property
     def scored_kind(self) -> LeafKind:

@@ -27,6 +27,7 @@ class Transitions:
     old_log_probs: torch.Tensor  # [M]
     state_index: torch.Tensor  # [M] row of ``states`` each transition starts from
     adv_slot: torch.Tensor  # [M] flat index into the plan's advantage tensor
+    old_means: torch.Tensor | None = None  # [M, ...] μ_old of each step (plan.keep_means)
 
     def __len__(self) -> int:
         return int(self.old_log_probs.shape[0])
@@ -39,6 +40,7 @@ class Transitions:
             states=self.states.to(device),
             next_samples=self.next_samples.to(device),
             old_log_probs=self.old_log_probs.to(device),
+            old_means=None if self.old_means is None else self.old_means.to(device),
         )
 
 

@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 
 from ..common.flux import naming_backend
-from ..common.ppo import kl_to_reference, ppo_clip_loss
+from ..common.ppo import clipped_surrogate, guard_log_ratio, kl_to_reference, ppo_clip_loss
 from ..common.schedules import SamplingGrid
 from ..common.sde import (
     SDEType,
@@ -48,6 +48,8 @@ class StepSpec:
     sde_type: SDEType
     # PPO weight of a transition by the grid step it leaves ([T] float64; TempFlow-GRPO)
     step_weights: torch.Tensor | None = None
+    # GRPO-Guard: the normalised ratio r̂, each transition's loss over its |Δσ|
+    ratio_norm: bool = False
 
 
 @dataclass
@@ -205,15 +207,28 @@ def _chunk_loss(model, transitions, cond, spec, adv, clip_range, reference, kl_b
     reference: (loss, PPO stats, KL as a float)."""
     log_prob, mean, g = recompute_log_probs(model, transitions, rows, cond, spec)
     weights = None
+    from_step = transitions.state_step[transitions.state_index[rows]]
     if spec.step_weights is not None:
-        weights = spec.step_weights[transitions.state_step[transitions.state_index[rows]]]
-    stats = ppo_clip_loss(
-        log_prob,
-        transitions.old_log_probs[rows].to(log_prob.device),
-        adv[rows].to(log_prob.device),
-        clip_range,
-        weights,
-    )
+        weights = spec.step_weights[from_step]
+    old_log_prob = transitions.old_log_probs[rows].to(log_prob.device)
+    if spec.ratio_norm:
+        if transitions.old_means is None:
+            raise ValueError(
+                "optim.loss grpo_guard needs each step's rollout mean: the rollout did not "
+                "keep them (a worker on another config?)"
+            )
+        sigmas = spec.grid.sigmas
+        sigma, sigma_next = sigmas[from_step], sigmas[transitions.next_step[rows]]
+        coefs = step_coefficients(sigma, sigma_next, spec.eta, spec.sde_type, spec.grid.sigma_1)
+        old_mean = transitions.old_means[rows].to(mean.device)
+        log_ratio = guard_log_ratio(log_prob, old_log_prob, mean, old_mean, coefs.std)
+        guard = 1.0 / (sigma - sigma_next)  # GRPO-Guard's per-step reweighting 1/|Δ|
+        weights = guard if weights is None else weights * guard
+        stats = clipped_surrogate(log_ratio, adv[rows].to(log_prob.device), clip_range, weights)
+    else:
+        stats = ppo_clip_loss(
+            log_prob, old_log_prob, adv[rows].to(log_prob.device), clip_range, weights
+        )
     if reference is None:
         return stats.loss, stats, 0.0
     with torch.no_grad():

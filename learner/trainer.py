@@ -79,15 +79,19 @@ def merge(batches: list[Trajectories]) -> tuple[Transitions, dict[str, torch.Ten
                 old_log_probs=t.old_log_probs,
                 state_index=t.state_index + s_off,
                 adv_slot=t.adv_slot + a_off,
+                old_means=t.old_means,
             )
         )
         conds.append(b.cond)
         s_off += t.states.shape[0]
         p_off += b.plan.num_prompts
         a_off += int(np.prod(b.plan.adv_shape))
-    merged = Transitions(
-        **{f: torch.cat([getattr(p, f) for p in parts]) for f in Transitions.__dataclass_fields__}
-    )
+
+    def cat(name):
+        tensors = [getattr(p, name) for p in parts]
+        return None if any(t is None for t in tensors) else torch.cat(tensors)
+
+    merged = Transitions(**{f: cat(f) for f in Transitions.__dataclass_fields__})
     cond = {k: torch.cat([c[k] for c in conds]) for k in conds[0]}
     return merged, cond
 
@@ -191,7 +195,11 @@ class LearnerCore:
                 grid.sigmas, cfg.sampling.sde_steps, cfg.sampling.eta, sde_type, grid.sigma_1
             )
         self.spec = StepSpec(
-            grid=grid, eta=cfg.sampling.eta, sde_type=sde_type, step_weights=step_weights
+            grid=grid,
+            eta=cfg.sampling.eta,
+            sde_type=sde_type,
+            step_weights=step_weights,
+            ratio_norm=cfg.optim.loss == "grpo_guard",
         )
         self.version = 0
         self.iteration = 0

@@ -61,6 +61,7 @@ class _Record:
     next_step: int
     log_prob: torch.Tensor
     adv_slot: int
+    mean: torch.Tensor | None = None  # μ_old, when the plan keeps means
 
 
 class RolloutEngine:
@@ -109,8 +110,8 @@ class RolloutEngine:
         edges: list[Edge],
         sde_noise: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Take each row's edge (ODE or SDE). Returns next states and per-row log-probs
-        (NaN on deterministic rows)."""
+        """Take each row's edge (ODE or SDE). Returns next states, per-row log-probs
+        (NaN on deterministic rows) and the steps' means."""
         to_idx = torch.tensor([e.to for e in edges])
         noise_rows = torch.tensor([e.noise for e in edges])
         eta = (noise_rows >= 0).to(torch.float64) * plan.eta  # float64: η must not round
@@ -134,7 +135,7 @@ class RolloutEngine:
             )
             sample[rows_dev] = drawn
             log_prob[rows_dev] = gaussian_log_prob(drawn, mean[rows_dev], std)
-        return sample, log_prob
+        return sample, log_prob, mean
 
     # ---------------------------------------------------------------- entry point
     @torch.no_grad()
@@ -229,7 +230,7 @@ class RolloutEngine:
             kids = [(ch, pos) for pos, n in enumerate(frontier) for ch in children[n]]
             pos = torch.tensor([p for _, p in kids], device=x.device)
             kid_edges = [edge_of[ch] for ch, _ in kids]
-            x_next, log_prob = self._advance(
+            x_next, log_prob, means = self._advance(
                 plan, x[pos], v[pos], steps[pos.cpu()], kid_edges, sde_noise
             )
             for row, ((ch, p), e) in enumerate(zip(kids, kid_edges, strict=True)):
@@ -246,6 +247,7 @@ class RolloutEngine:
                             next_step=e.to,
                             log_prob=log_prob[row],
                             adv_slot=e.adv_slot,
+                            mean=means[row].clone() if plan.keep_means else None,
                         )
                     )
             for n in frontier:
@@ -274,7 +276,7 @@ class RolloutEngine:
                 steps = torch.tensor([t_from])
                 v, _ = self._velocity(x[None], steps, torch.tensor([leaf.prompt]), cond)
                 nfe += 1
-                x_next, log_prob = self._advance(plan, x[None], v, steps, [e], sde_noise)
+                x_next, log_prob, means = self._advance(plan, x[None], v, steps, [e], sde_noise)
                 node_key = (leaf.root, leaf.edges[: d + 1])
                 if e.trained and e.stochastic and node_key not in recorded:
                     recorded.add(node_key)
@@ -288,6 +290,7 @@ class RolloutEngine:
                             next_step=e.to,
                             log_prob=log_prob[0],
                             adv_slot=e.adv_slot,
+                            mean=means[0] if plan.keep_means else None,
                         )
                     )
                 if e.store:
@@ -335,4 +338,7 @@ def _pack(records: list[_Record], like: torch.Tensor) -> Transitions:
         old_log_probs=torch.stack([r.log_prob for r in records]) if records else torch.zeros(0),
         state_index=torch.tensor(state_index, **long),
         adv_slot=torch.tensor([r.adv_slot for r in records], **long),
+        old_means=(
+            stack([r.mean for r in records]) if records and records[0].mean is not None else None
+        ),
     )

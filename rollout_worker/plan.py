@@ -355,6 +355,7 @@ def plan_for(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan:
     its stochastic steps of ``cfg.sde_type()`` (the method's own SDE, or CPS)."""
     plan = _method_plan(cfg, iteration, generator)
     plan.sde_type = cfg.sde_type()
+    plan.keep_means = cfg.optim.loss == "grpo_guard"
     return plan
 
 

@@ -1,7 +1,8 @@
 """The newer methods in the same engine (../shared/docs/newer-methods.md): CPS's step
 (coefficients, noise, log-prob), TempFlow-GRPO's tree, noise-aware step weights and
-per-(prompt, step) advantages, Flow-GRPO-Fast's trunk-and-window plan, each method's
-NFEs as the doc's table derives them, and 2 iterations of each through the Ray path."""
+per-(prompt, step) advantages, Flow-GRPO-Fast's trunk-and-window plan, GRPO-Guard's
+normalised ratio and per-step reweighting, each method's NFEs as the doc's table derives
+them, and 2 iterations of each through the Ray path."""
 
 from __future__ import annotations
 
@@ -200,6 +201,82 @@ def test_flowgrpo_fast_draws_its_branch_step_per_prompt_from_the_config():
         load_config(None, ["algorithm.name=flowgrpo_fast", "algorithm.flowgrpo_fast.window=8"])
 
 
+# ---------------------------------------------------------------------- GRPO-Guard
+
+
+def test_guard_ratio_is_the_noise_projection_of_the_mean_shift():
+    """Under the rollout's own noise x' = μ_old + τε, RatioNorm's log r̂ is exactly
+    mean(ε ⊙ δ), δ = μ_θ − μ_old (newer-methods.md §7d): 0 at δ = 0, and its gradient in
+    μ_θ is ε/D because the bias b is differentiated (detaching it would leave ε − δ/τ)."""
+    from g2rpo.common.ppo import guard_log_ratio
+    from g2rpo.common.sde import gaussian_log_prob
+
+    gen = torch.Generator().manual_seed(3)
+    old_mean = torch.randn(4, 6, generator=gen, dtype=F64)
+    eps = torch.randn(4, 6, generator=gen, dtype=F64)
+    tau = torch.tensor([0.5, 0.2, 0.05, 0.9], dtype=F64)
+    sample = old_mean + tau[:, None] * eps
+    delta = 0.01 * torch.randn(4, 6, generator=gen, dtype=F64)
+    mean = (old_mean + delta).requires_grad_(True)
+    log_ratio = guard_log_ratio(
+        gaussian_log_prob(sample, mean, tau),
+        gaussian_log_prob(sample, old_mean, tau),
+        mean,
+        old_mean,
+        tau,
+    )
+    torch.testing.assert_close(log_ratio, (eps * delta).mean(dim=1))
+    log_ratio.sum().backward()
+    torch.testing.assert_close(mean.grad, eps / 6)
+    same = guard_log_ratio(
+        gaussian_log_prob(sample, old_mean, tau),
+        gaussian_log_prob(sample, old_mean, tau),
+        old_mean,
+        old_mean,
+        tau,
+    )
+    assert torch.equal(same, torch.zeros(4, dtype=F64))
+
+
+def test_guard_loss_divides_each_step_by_its_sigma_decrement(tiny_flux):
+    """The learner's GRPO-Guard loss on a rollout: the plan keeps each trained step's
+    mean, the ratio before any update is exactly 1, and the loss is the surrogate of r̂
+    weighted by 1/|Δσ| (known answer at r̂ = 1: mean(−A/|Δσ|))."""
+    from g2rpo.common.schedules import sampling_grid
+    from g2rpo.learner.grpo import StepSpec, _chunk_loss
+    from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
+
+    cfg = load_config(
+        None,
+        [
+            "optim.loss=grpo_guard",
+            "sampling.num_steps=6",
+            "sampling.sde_steps=[0,2]",
+            "sampling.group_size=3",
+            "sampling.prompts_per_worker=1",
+        ],
+    )
+    gen = torch.Generator().manual_seed(0)
+    plan = plan_for(cfg, 0, gen)
+    assert plan.keep_means
+    grid = sampling_grid(6, 3.0)
+    from conftest import flux_cond
+
+    cond = flux_cond(1)
+    init, sde = draw_noise(plan, (4, 64), gen)
+    result = RolloutEngine(tiny_flux, grid).run(plan, cond, init, sde)
+    tr = result.transitions
+    assert tr.old_means is not None and tr.old_means.shape == tr.next_samples.shape
+    spec = StepSpec(grid=grid, eta=0.7, sde_type="flow", ratio_norm=True)
+    adv = torch.linspace(-1, 1, len(tr), dtype=torch.float32)
+    rows = torch.arange(len(tr))
+    loss, stats, _ = _chunk_loss(tiny_flux, tr, cond, spec, adv, 1e-4, None, 0.0, rows)
+    torch.testing.assert_close(stats.ratio, torch.ones(len(tr)), rtol=0, atol=1e-6)
+    sig = grid.sigmas
+    dsig = (sig[tr.state_step[tr.state_index]] - sig[tr.next_step]).float()
+    torch.testing.assert_close(loss.detach(), (-adv / dsig).mean(), rtol=1e-5, atol=1e-6)
+
+
 # ------------------------------------------------------------- through the Ray path
 
 
@@ -218,8 +295,17 @@ def test_flowgrpo_fast_draws_its_branch_step_per_prompt_from_the_config():
             ],
             2 * 2 * 4 * 2,
         ),
-        # TempFlow: 2 workers · 2 prompts · 2 branch steps · G=4
-        ("tempflow", ["algorithm.name=tempflow", "sampling.granularities=[1]"], 2 * 2 * 2 * 4),
+        # TempFlow with GRPO-Guard's loss: 2 workers · 2 prompts · 2 branch steps · G=4
+        (
+            "tempflow-guard",
+            [
+                "algorithm.name=tempflow",
+                "sampling.granularities=[1]",
+                "optim.loss=grpo_guard",
+                "optim.clip_range=4e-6",
+            ],
+            2 * 2 * 2 * 4,
+        ),
     ],
 )
 def test_two_iterations_through_the_ray_path(
