@@ -218,24 +218,16 @@ def test_guard_ratio_is_the_noise_projection_of_the_mean_shift():
     sample = old_mean + tau[:, None] * eps
     delta = 0.01 * torch.randn(4, 6, generator=gen, dtype=F64)
     mean = (old_mean + delta).requires_grad_(True)
-    log_ratio = guard_log_ratio(
-        gaussian_log_prob(sample, mean, tau),
-        gaussian_log_prob(sample, old_mean, tau),
-        mean,
-        old_mean,
-        tau,
-    )
+
+    def guard(mean):
+        lp, old = (gaussian_log_prob(sample, m, tau) for m in (mean, old_mean))
+        return guard_log_ratio(lp, old, mean, old_mean, tau)
+
+    log_ratio = guard(mean)
     torch.testing.assert_close(log_ratio, (eps * delta).mean(dim=1))
     log_ratio.sum().backward()
     torch.testing.assert_close(mean.grad, eps / 6)
-    same = guard_log_ratio(
-        gaussian_log_prob(sample, old_mean, tau),
-        gaussian_log_prob(sample, old_mean, tau),
-        old_mean,
-        old_mean,
-        tau,
-    )
-    assert torch.equal(same, torch.zeros(4, dtype=F64))
+    assert torch.equal(guard(old_mean), torch.zeros(4, dtype=F64))
 
 
 def test_guard_loss_divides_each_step_by_its_sigma_decrement(tiny_flux):
