@@ -123,3 +123,41 @@ def shuffle_within_groups(adv: torch.Tensor, generator: torch.Generator) -> torc
     flat = adv.reshape(-1, adv.shape[-1])
     perm = torch.argsort(torch.rand(flat.shape, generator=generator), dim=-1)
     return torch.gather(flat, 1, perm.to(flat.device)).reshape(adv.shape)
+
+
+def tree_depth_advantages(
+    leaf_rewards: torch.Tensor,
+    leaf_nodes: list[list[int]],
+    node_depth: list[int],
+    *,
+    adv_clip: float = 5.0,
+    eps: float = 1e-8,
+    min_std: float = 1e-6,
+) -> torch.Tensor:
+    """BranchGRPO's per-depth advantages of one tree (``compute_node_rewards_from_leaves``,
+    ``compute_hierarchical_advantages_by_depth``): a node's reward is the mean reward of
+    the leaves below it, normalised over the tree's nodes of the same depth with torch's
+    unbiased std + eps; zero where a depth has one node or its std < ``min_std``;
+    clamped. ``leaf_nodes[i]``: the nodes on leaf i's path; returns [N] float64."""
+    num_nodes = len(node_depth)
+    total = torch.zeros(num_nodes, dtype=torch.float64)
+    count = torch.zeros(num_nodes, dtype=torch.float64)
+    r = leaf_rewards.to(torch.float64)
+    for i, nodes in enumerate(leaf_nodes):
+        total[nodes] += r[i]
+        count[nodes] += 1
+    if torch.any(count == 0):
+        raise ValueError("every node needs a leaf below it")
+    node_reward = total / count
+    depth = torch.tensor(node_depth)
+    adv = torch.zeros(num_nodes, dtype=torch.float64)
+    for d in torch.unique(depth):
+        at = depth == d
+        if int(at.sum()) <= 1:
+            continue
+        vals = node_reward[at]
+        std = vals.std(unbiased=True)
+        if float(std) < min_std:
+            continue
+        adv[at] = (vals - vals.mean()) / (std + eps)
+    return adv.clamp(-adv_clip, adv_clip)

@@ -281,6 +281,24 @@ class G2RPOConfig(Section):
                 f"algorithm.name tempflow completes every branch on the full grid: set "
                 f"sampling.granularities to [1] (got {s.granularities})"
             )
+        if a.name == "branchgrpo":
+            splits = a.branchgrpo.split_steps
+            if len(set(splits)) != len(splits) or not all(0 <= k < s.num_steps for k in splits):
+                raise ValueError(
+                    f"algorithm.branchgrpo.split_steps {splits} must be distinct steps in "
+                    f"[0, sampling.num_steps-1 = {s.num_steps - 1}]"
+                )
+            if self.sde_type() == "cps":
+                raise ValueError(
+                    "algorithm.name branchgrpo trains every edge, the last into sigma=0 too, "
+                    "where CPS adds no noise: use sampling.sde_type auto, dance or flow"
+                )
+            if s.group_size != 2 ** len(splits):
+                raise ValueError(
+                    f"sampling.group_size {s.group_size}: BranchGRPO's tree has "
+                    f"2^{len(splits)} = {2 ** len(splits)} leaves "
+                    f"(algorithm.branchgrpo.split_steps {splits})"
+                )
         if a.name == "flowgrpo_fast":
             last = self.fast_branch_max() + a.flowgrpo_fast.window - 1
             if last > s.num_steps - 2:
@@ -295,7 +313,7 @@ class G2RPOConfig(Section):
         """The SDE the stochastic steps take: ``sampling.sde_type``, or the method's own."""
         if self.sampling.sde_type != "auto":
             return self.sampling.sde_type
-        return "dance" if self.algorithm.name == "dancegrpo" else "flow"
+        return "dance" if self.algorithm.name in ("dancegrpo", "branchgrpo") else "flow"
 
     def fast_branch_max(self) -> int:
         """Flow-GRPO-Fast's largest branch step (its original code: T//2)."""

@@ -10,7 +10,9 @@ from pydantic import Field
 
 from .config_train import Section
 
-AlgorithmName = Literal["g2rpo", "dancegrpo", "flowgrpo", "mixgrpo", "flowgrpo_fast", "tempflow"]
+AlgorithmName = Literal[
+    "g2rpo", "dancegrpo", "flowgrpo", "mixgrpo", "flowgrpo_fast", "tempflow", "branchgrpo"
+]
 ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)
 
 
@@ -56,6 +58,15 @@ class TempFlowOptions(Section):
     )
 
 
+class BranchGRPOOptions(Section):
+    """BranchGRPO: a binary tree per prompt, SDE (DanceGRPO's, g = η) on every edge,
+    splitting at these steps; sampling.group_size must be 2^len(split_steps)."""
+
+    split_steps: list[int] = Field(
+        default_factory=lambda: [0, 3, 6, 9], description="steps where every node splits in two"
+    )
+
+
 class AlgorithmConfig(Section):
     name: AlgorithmName = "g2rpo"
     dancegrpo: DanceGRPOOptions = Field(default_factory=DanceGRPOOptions)
@@ -63,6 +74,7 @@ class AlgorithmConfig(Section):
     mixgrpo: MixGRPOOptions = Field(default_factory=MixGRPOOptions)
     flowgrpo_fast: FlowGRPOFastOptions = Field(default_factory=FlowGRPOFastOptions)
     tempflow: TempFlowOptions = Field(default_factory=TempFlowOptions)
+    branchgrpo: BranchGRPOOptions = Field(default_factory=BranchGRPOOptions)
     control: bool = Field(False, description="shuffle advantages within each group (control run)")
 
 

@@ -12,6 +12,7 @@ from ..common.advantages import (
     g2rpo_reward_terms,
     group_normalize,
     shuffle_within_groups,
+    tree_depth_advantages,
 )
 from ..common.config import G2RPOConfig
 from ..common.rollout_plan import RolloutPlan
@@ -38,6 +39,8 @@ def plan_advantages(
         adv = fuse_g2rpo_advantages(
             grids, weights, adv_clip=opt.adv_clip, eps=opt.adv_eps, spread_tol=opt.adv_spread_tol
         )
+    elif plan.algorithm == "branchgrpo":
+        adv = _branch_advantages(plan, leaf_rewards, weights, opt.adv_clip)
     elif plan.algorithm == "tempflow":
         # TempFlow-GRPO: Flow-GRPO's normalisation (weighted sum, population std + 1e-4)
         # per (prompt, branch step): the group is the G siblings of one anchor state
@@ -80,6 +83,26 @@ def plan_advantages(
             raise ValueError("the control run needs a generator for the shuffle")
         adv = shuffle_within_groups(adv, control_generator)
     return adv.reshape(-1)
+
+
+def _branch_advantages(plan, leaf_rewards, weights, adv_clip: float) -> torch.Tensor:
+    """BranchGRPO: the weighted reward of each leaf, then per-depth advantages in each
+    prompt's tree ([P, N]); a node's slot is its edge's adv_slot, its depth the edge's
+    position on the path."""
+    total = sum(weights[n] * r.double() for n, r in leaf_rewards.items())
+    P, N = plan.adv_shape
+    out = torch.zeros(P, N, dtype=torch.float64)
+    for p in range(P):
+        leaves = [i for i in plan.leaf_indices("sample") if plan.leaves[i].prompt == p]
+        depth = [0] * N
+        paths = []
+        for i in leaves:
+            nodes = [e.adv_slot - p * N for e in plan.leaves[i].edges]
+            for d, node in enumerate(nodes):
+                depth[node] = d + 1
+            paths.append(nodes)
+        out[p] = tree_depth_advantages(total[leaves], paths, depth, adv_clip=adv_clip)
+    return out
 
 
 def plan_reward_terms(

@@ -173,6 +173,62 @@ def flowgrpo_fast_plan(
     )
 
 
+def branchgrpo_plan(
+    num_prompts: int,
+    num_steps: int,
+    split_steps: list[int],
+    *,
+    eta: float = 0.3,
+    eval_anchor: bool = True,
+) -> RolloutPlan:
+    """BranchGRPO (arXiv 2509.06040; Fredreic1849/BranchGRPO train_branchgrpo_flux.py):
+    one tree per prompt from one noise, SDE on every edge, every node stepped twice (two
+    noise rows) at a split step and once elsewhere: 2^|splits| leaves. Every edge is
+    trained with the advantage of the node it reaches (slot p·N + node, N nodes per tree
+    below the root; ``learner/advantages.py`` gives the per-depth advantages)."""
+    splits = set(split_steps)
+    if not splits or min(splits) < 0 or max(splits) > num_steps - 1:
+        raise ValueError(f"split steps {sorted(splits)} must lie in [0, T-1={num_steps - 1}]")
+    per_tree = sum(2 ** sum(s <= t for s in splits) for t in range(num_steps))
+    leaves: list[Leaf] = []
+    noise = 0
+    for p in range(num_prompts):
+        paths: list[tuple[Edge, ...]] = [()]
+        node = 0
+        for t in range(num_steps):
+            grown = []
+            for path in paths:
+                for _ in range(2 if t in splits else 1):
+                    slot = p * per_tree + node
+                    edge = Edge(to=t + 1, noise=noise, trained=True, adv_slot=slot)
+                    grown.append((*path, edge))
+                    noise += 1
+                    node += 1
+            paths = grown
+        leaves += [
+            Leaf(root=p, prompt=p, edges=path, kind="sample", coords=(p, j))
+            for j, path in enumerate(paths)
+        ]
+    if eval_anchor:
+        anchor = _anchor_edges(num_steps, store=False)
+        leaves += [
+            Leaf(root=p, prompt=p, edges=anchor, kind="anchor", coords=(p,))
+            for p in range(num_prompts)
+        ]
+    return RolloutPlan(
+        algorithm="branchgrpo",
+        num_steps=num_steps,
+        sde_type="dance",
+        eta=eta,
+        num_prompts=num_prompts,
+        group_size=2 ** len(splits),
+        root_prompt=list(range(num_prompts)),
+        num_noises=noise,
+        leaves=leaves,
+        adv_shape=(num_prompts, per_tree),
+    )
+
+
 def _member_plan(
     algorithm: str,
     num_prompts: int,
@@ -382,6 +438,8 @@ def _method_plan(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan
         o = algo.mixgrpo
         window = mixgrpo_window(iteration, T, o.window_size, o.shift_every, o.stride, o.roll_back)
         return mixgrpo_plan(P, T, G, window=window, eta=s.eta)
+    if algo.name == "branchgrpo":
+        return branchgrpo_plan(P, T, algo.branchgrpo.split_steps, eta=s.eta)
     if algo.name == "tempflow":
         return tempflow_plan(P, T, G, s.sde_steps, eta=s.eta, terminal=s.terminal)
     if algo.name == "flowgrpo_fast":

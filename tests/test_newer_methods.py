@@ -1,8 +1,9 @@
 """The newer methods in the same engine (../shared/docs/newer-methods.md): CPS's step
 (coefficients, noise, log-prob), TempFlow-GRPO's tree, noise-aware step weights and
-per-(prompt, step) advantages, Flow-GRPO-Fast's trunk-and-window plan, GRPO-Guard's
-normalised ratio and per-step reweighting, each method's NFEs as the doc's table derives
-them, and 2 iterations of each through the Ray path."""
+per-(prompt, step) advantages, Flow-GRPO-Fast's trunk-and-window plan, BranchGRPO's tree
+and per-depth advantages, GRPO-Guard's normalised ratio and per-step reweighting, each
+method's NFEs as the doc's table derives them, and 2 iterations of each through the Ray
+path."""
 
 from __future__ import annotations
 
@@ -201,6 +202,63 @@ def test_flowgrpo_fast_draws_its_branch_step_per_prompt_from_the_config():
         load_config(None, ["algorithm.name=flowgrpo_fast", "algorithm.flowgrpo_fast.window=8"])
 
 
+# ----------------------------------------------------------------------- BranchGRPO
+
+
+def test_branchgrpo_tree_nfe_and_edges_match_the_docs_count():
+    """Splits {0, 3, 6, 9}: 139 node forwards and 154 trained edges per tree at T=16, 203
+    and 218 at the official T=20 (newer-methods.md §13, §4g); 16 leaves, SDE on every
+    edge, each edge's slot its node's."""
+    from g2rpo.rollout_worker.plan import branchgrpo_plan
+
+    for steps, nfe, edges in ((16, 139, 154), (20, 203, 218)):
+        plan = branchgrpo_plan(2, steps, [0, 3, 6, 9])
+        assert algorithm_nfe(plan) == 2 * nfe and plan.adv_shape == (2, edges)
+        assert plan.group_size == 16 and len(plan.leaf_indices("sample")) == 32
+        trained = {(leaf.root, e.adv_slot) for leaf in plan.leaves for e in leaf.edges if e.trained}
+        assert len(trained) == 2 * edges
+        assert all(e.stochastic for i in plan.leaf_indices("sample") for e in plan.leaves[i].edges)
+
+
+def test_branchgrpo_advantages_per_depth_known_answer():
+    """T=2, splits {0, 1}: depth-1 nodes a (leaves 1, 2) and b (leaves 3, 5) have rewards
+    1.5 and 4, normalised with the unbiased std of two values: ∓0.7071 whatever the gap
+    (the doc's pitfall 2); the leaves are normalised among themselves."""
+    from g2rpo.learner.advantages import plan_advantages
+    from g2rpo.rollout_worker.plan import branchgrpo_plan
+
+    plan = branchgrpo_plan(1, 2, [0, 1], eval_anchor=False)
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=branchgrpo",
+            "sampling.num_steps=2",
+            "sampling.sde_steps=[0]",
+            "algorithm.branchgrpo.split_steps=[0,1]",
+            "sampling.group_size=4",
+        ],
+    )
+    rewards = torch.tensor([1.0, 2.0, 3.0, 5.0], dtype=F64)
+    adv = plan_advantages(plan, {"shapes_clip": rewards}, cfg)
+    by_slot = {}
+    for i in plan.leaf_indices("sample"):
+        for d, e in enumerate(plan.leaves[i].edges):
+            by_slot[e.adv_slot] = (d, i)
+    depth1 = sorted(float(adv[s]) for s, (d, _) in by_slot.items() if d == 0)
+    assert depth1 == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2)])
+    leaf_adv = {i: float(adv[s]) for s, (d, i) in by_slot.items() if d == 1}
+    expected = (rewards - rewards.mean()) / (rewards.std() + 1e-8)
+    assert [leaf_adv[i] for i in sorted(leaf_adv)] == pytest.approx(expected.tolist())
+    flat = plan_advantages(plan, {"shapes_clip": torch.ones(4, dtype=F64)}, cfg)
+    assert torch.equal(flat, torch.zeros_like(flat))  # no spread at any depth: zero
+    with pytest.raises(ConfigError, match=r"sampling\.group_size 8: BranchGRPO"):
+        load_config(None, ["algorithm.name=branchgrpo", "sampling.group_size=8"])
+    with pytest.raises(ConfigError, match="CPS adds no noise"):
+        load_config(
+            None, ["algorithm.name=branchgrpo", "sampling.group_size=16", "sampling.sde_type=cps"]
+        )
+
+
 # ---------------------------------------------------------------------- GRPO-Guard
 
 
@@ -286,6 +344,18 @@ def test_guard_loss_divides_each_step_by_its_sigma_decrement(tiny_flux):
                 "sampling.eta=0.8",
             ],
             2 * 2 * 4 * 2,
+        ),
+        # BranchGRPO: 2 workers · 2 prompts · 20 edges (splits {0, 2} at T=6: 2+2+4+4+4+4)
+        (
+            "branch",
+            [
+                "algorithm.name=branchgrpo",
+                "algorithm.branchgrpo.split_steps=[0,2]",
+                "sampling.eta=0.3",
+                "optim.step_mode=per_samples",
+                "optim.samples_per_step=12",
+            ],
+            2 * 2 * 20,
         ),
         # TempFlow with GRPO-Guard's loss: 2 workers · 2 prompts · 2 branch steps · G=4
         (
