@@ -2,8 +2,8 @@
 (coefficients, noise, log-prob), TempFlow-GRPO's tree, noise-aware step weights and
 per-(prompt, step) advantages, Flow-GRPO-Fast's trunk-and-window plan, BranchGRPO's tree
 and per-depth advantages, GRPO-Guard's normalised ratio and per-step reweighting, each
-method's NFEs as the doc's table derives them, and 2 iterations of each through the Ray
-path."""
+method's NFEs as the doc's table derives them (2 iterations of each through the Ray path:
+tests/test_newer_methods_training.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from g2rpo.common.ppo import ppo_clip_loss
 from g2rpo.common.rollout_plan import algorithm_nfe, tree_nfe
 from g2rpo.common.sde import cps_coefficients, noise_step_weights, sde_step
 from g2rpo.rollout_worker.plan import flowgrpo_fast_plan, plan_for, tempflow_plan
-from small_run import small_train
 
 F64 = torch.float64
 
@@ -325,61 +324,3 @@ def test_guard_loss_divides_each_step_by_its_sigma_decrement(tiny_flux):
     sig = grid.sigmas
     dsig = (sig[tr.state_step[tr.state_index]] - sig[tr.next_step]).float()
     torch.testing.assert_close(loss.detach(), (-adv / dsig).mean(), rtol=1e-5, atol=1e-6)
-
-
-# ------------------------------------------------------------- through the Ray path
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("name", "extra", "transitions"),
-    [
-        # Fast on CPS: 2 workers · 2 prompts · G=4 · window 2
-        (
-            "fast-cps",
-            [
-                "algorithm.name=flowgrpo_fast",
-                "algorithm.flowgrpo_fast.branch_max=2",
-                "sampling.sde_type=cps",
-                "sampling.eta=0.8",
-            ],
-            2 * 2 * 4 * 2,
-        ),
-        # BranchGRPO: 2 workers · 2 prompts · 20 edges (splits {0, 2} at T=6: 2+2+4+4+4+4)
-        (
-            "branch",
-            [
-                "algorithm.name=branchgrpo",
-                "algorithm.branchgrpo.split_steps=[0,2]",
-                "sampling.eta=0.3",
-                "optim.step_mode=per_samples",
-                "optim.samples_per_step=12",
-            ],
-            2 * 2 * 20,
-        ),
-        # TempFlow with GRPO-Guard's loss: 2 workers · 2 prompts · 2 branch steps · G=4
-        (
-            "tempflow-guard",
-            [
-                "algorithm.name=tempflow",
-                "sampling.granularities=[1]",
-                "optim.loss=grpo_guard",
-                "optim.clip_range=4e-6",
-            ],
-            2 * 2 * 2 * 4,
-        ),
-    ],
-)
-def test_two_iterations_through_the_ray_path(
-    warm, world, scorer_url, tmp_path, name, extra, transitions
-):
-    from g2rpo.orchestration.driver import read_metrics
-
-    run = small_train(world, tmp_path, name, 2, extra, warm=warm, reward_url=scorer_url)
-    rows = read_metrics(run)
-    assert [r["iteration"] for r in rows] == [0, 1]
-    for r in rows:
-        assert r["transitions"] == transitions
-        assert math.isfinite(r["loss"]) and r["optimizer_steps"] >= 1
-        # the first update starts from the rollout's own weights: ratio 1 to rounding
-    assert abs(rows[0]["ratio_max"] - 1) < 1e-4 or rows[0]["optimizer_steps"] > 1

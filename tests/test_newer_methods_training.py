@@ -1,0 +1,81 @@
+"""2 iterations of each newer method (tests/test_newer_methods.py has their math) through
+the Ray path: the session's warm actors, its reward server, the committed world."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from small_run import small_train
+
+# a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("name", "extra", "transitions"),
+    [
+        # Fast on CPS: 2 workers · 2 prompts · G=4 · window 2
+        (
+            "fast-cps",
+            [
+                "algorithm.name=flowgrpo_fast",
+                "algorithm.flowgrpo_fast.branch_max=2",
+                "sampling.sde_type=cps",
+                "sampling.eta=0.8",
+            ],
+            2 * 2 * 4 * 2,
+        ),
+        # BranchGRPO: 2 workers · 2 prompts · 20 edges (splits {0, 2} at T=6: 2+2+4+4+4+4)
+        (
+            "branch",
+            [
+                "algorithm.name=branchgrpo",
+                "algorithm.branchgrpo.split_steps=[0,2]",
+                "sampling.eta=0.3",
+                "optim.step_mode=per_samples",
+                "optim.samples_per_step=12",
+            ],
+            2 * 2 * 20,
+        ),
+        # TempFlow with GRPO-Guard's loss: 2 workers · 2 prompts · 2 branch steps · G=4
+        (
+            "tempflow-guard",
+            [
+                "algorithm.name=tempflow",
+                "sampling.granularities=[1]",
+                "optim.loss=grpo_guard",
+                "optim.clip_range=4e-6",
+            ],
+            2 * 2 * 2 * 4,
+        ),
+    ],
+)
+def test_two_iterations_through_the_ray_path(
+    warm, world, scorer_url, tmp_path, name, extra, transitions
+):
+    from g2rpo.common.config import load_config
+    from g2rpo.common.rollout_plan import algorithm_nfe
+    from g2rpo.common.seeds import seed_for
+    from g2rpo.orchestration.driver import read_metrics
+    from g2rpo.rollout_worker.plan import plan_for
+
+    run = small_train(world, tmp_path, name, 2, extra, warm=warm, reward_url=scorer_url)
+    rows = read_metrics(run)
+    cfg = load_config(run / "config.yaml")
+    assert [r["iteration"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["transitions"] == transitions
+        assert math.isfinite(r["loss"]) and r["optimizer_steps"] >= 1
+        # the rollout spent exactly what the workers' plans say (their noise, their k)
+        plans = [
+            plan_for(
+                cfg,
+                r["iteration"],
+                torch.Generator().manual_seed(seed_for(cfg.run.seed, r["iteration"], w)),
+            )
+            for w in range(cfg.train.workers.count)
+        ]
+        assert r["nfe_rollout"] == sum(algorithm_nfe(p) for p in plans)
+        assert math.isfinite(r["eval/shapes_clip"])
