@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .config_algorithm import AlgorithmConfig, OptimConfig
+from .config_algorithm import AlgorithmConfig, OptimConfig, check_method
 from .config_train import Section, TrainConfig
 from .errors import ConfigError
 from .paths import config_candidates, find_config
@@ -270,43 +270,7 @@ class G2RPOConfig(Section):
 
     @model_validator(mode="after")
     def _method_fits_its_sampler(self) -> G2RPOConfig:
-        s, a = self.sampling, self.algorithm
-        if self.sde_type() == "cps" and s.eta > 1:
-            raise ValueError(
-                f"sampling.eta {s.eta:g} with sampling.sde_type cps: CPS's noise is "
-                "sigma'·sin(eta·pi/2), so eta must be <= 1 (flow_grpo's CPS recipes use 0.8)"
-            )
-        if a.name == "tempflow" and s.granularities != [1]:
-            raise ValueError(
-                f"algorithm.name tempflow completes every branch on the full grid: set "
-                f"sampling.granularities to [1] (got {s.granularities})"
-            )
-        if a.name == "branchgrpo":
-            splits = a.branchgrpo.split_steps
-            if len(set(splits)) != len(splits) or not all(0 <= k < s.num_steps for k in splits):
-                raise ValueError(
-                    f"algorithm.branchgrpo.split_steps {splits} must be distinct steps in "
-                    f"[0, sampling.num_steps-1 = {s.num_steps - 1}]"
-                )
-            if self.sde_type() == "cps":
-                raise ValueError(
-                    "algorithm.name branchgrpo trains every edge, the last into sigma=0 too, "
-                    "where CPS adds no noise: use sampling.sde_type auto, dance or flow"
-                )
-            if s.group_size != 2 ** len(splits):
-                raise ValueError(
-                    f"sampling.group_size {s.group_size}: BranchGRPO's tree has "
-                    f"2^{len(splits)} = {2 ** len(splits)} leaves "
-                    f"(algorithm.branchgrpo.split_steps {splits})"
-                )
-        if a.name == "flowgrpo_fast":
-            last = self.fast_branch_max() + a.flowgrpo_fast.window - 1
-            if last > s.num_steps - 2:
-                raise ValueError(
-                    f"algorithm.flowgrpo_fast: branch step up to {self.fast_branch_max()} plus "
-                    f"window {a.flowgrpo_fast.window} trains step {last}, past "
-                    f"sampling.num_steps-2 = {s.num_steps - 2} (the last step ends at sigma=0)"
-                )
+        check_method(self)
         return self
 
     def sde_type(self) -> str:

@@ -100,7 +100,61 @@ class OptimConfig(Section):
         "loss over its |Δσ| (gradient reweighting), on any SDE method; its clip ranges are "
         "smaller (the official 2e-6 to 4e-6)",
     )
+    cps_ratio: Literal["gaussian", "flow_grpo"] = Field(
+        "gaussian",
+        description="with sampling.sde_type cps: the PPO ratio of CPS's Gaussian log-prob, or "
+        "flow_grpo's (its log-prob drops the variance, log r' = 2τ²·log r; pair it with its "
+        "clip range, 1e-5)",
+    )
     adv_eps: float = Field(1e-8, gt=0)
     adv_spread_tol: float = Field(
         1e-7, ge=0, description="groups spreading less get zero advantage"
     )
+
+
+def check_method(cfg) -> None:
+    """Cross-field refusals of a method and its sampler and loss, each naming the fields
+    (cfg: the whole G2RPOConfig; called by its validator)."""
+    s, a = cfg.sampling, cfg.algorithm
+    if cfg.sde_type() == "cps" and s.eta > 1:
+        raise ValueError(
+            f"sampling.eta {s.eta:g} with sampling.sde_type cps: CPS's noise is "
+            "sigma'·sin(eta·pi/2), so eta must be <= 1 (flow_grpo's CPS recipes use 0.8)"
+        )
+    if cfg.optim.cps_ratio == "flow_grpo" and (cfg.sde_type() != "cps" or cfg.optim.loss != "ppo"):
+        raise ValueError(
+            "optim.cps_ratio flow_grpo is flow_grpo's ratio for CPS with PPO's loss: it "
+            f"needs sampling.sde_type cps and optim.loss ppo (got {cfg.sde_type()}, "
+            f"{cfg.optim.loss})"
+        )
+    if a.name == "tempflow" and s.granularities != [1]:
+        raise ValueError(
+            f"algorithm.name tempflow completes every branch on the full grid: set "
+            f"sampling.granularities to [1] (got {s.granularities})"
+        )
+    if a.name == "branchgrpo":
+        splits = a.branchgrpo.split_steps
+        if len(set(splits)) != len(splits) or not all(0 <= k < s.num_steps for k in splits):
+            raise ValueError(
+                f"algorithm.branchgrpo.split_steps {splits} must be distinct steps in "
+                f"[0, sampling.num_steps-1 = {s.num_steps - 1}]"
+            )
+        if cfg.sde_type() == "cps":
+            raise ValueError(
+                "algorithm.name branchgrpo trains every edge, the last into sigma=0 too, "
+                "where CPS adds no noise: use sampling.sde_type auto, dance or flow"
+            )
+        if s.group_size != 2 ** len(splits):
+            raise ValueError(
+                f"sampling.group_size {s.group_size}: BranchGRPO's tree has "
+                f"2^{len(splits)} = {2 ** len(splits)} leaves "
+                f"(algorithm.branchgrpo.split_steps {splits})"
+            )
+    if a.name == "flowgrpo_fast":
+        last = cfg.fast_branch_max() + a.flowgrpo_fast.window - 1
+        if last > s.num_steps - 2:
+            raise ValueError(
+                f"algorithm.flowgrpo_fast: branch step up to {cfg.fast_branch_max()} plus "
+                f"window {a.flowgrpo_fast.window} trains step {last}, past "
+                f"sampling.num_steps-2 = {s.num_steps - 2} (the last step ends at sigma=0)"
+            )

@@ -17,8 +17,8 @@ is the DDIM-like step that keeps x' on the flow path σ' = σ_next:
 with x̂0 = x − σv and x̂1 = x + (1−σ)v, so x' holds x0 with coefficient 1−σ' and noise
 of variance σ'²; it is linear in (x, v) too: cx = 1−σ'+k, cv = k(1−σ) − σ(1−σ') with
 k = σ'·cos(ηπ/2). η = 0 is the Euler step; σ' = 0 is deterministic. Its log-prob here
-is the Gaussian one like every other step's (the official code drops the variance:
-log r̃ = 2τ²·log r, which changes what a clip range means).
+is the Gaussian one like every other step's; the official code drops the variance
+(log r̃ = 2τ²·log r, which changes what a clip range means): ``optim.cps_ratio flow_grpo``.
 Coefficients are computed in float64 from the exact σ and applied in float32 so
 that rollout and learner reproduce each other bit for bit.
 """

@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 
 from ..common.flux import naming_backend
-from ..common.ppo import clipped_surrogate, guard_log_ratio, kl_to_reference, ppo_clip_loss
+from ..common.ppo import clipped_surrogate, guard_log_ratio, kl_to_reference
 from ..common.schedules import SamplingGrid
 from ..common.sde import (
     SDEType,
@@ -50,6 +50,8 @@ class StepSpec:
     step_weights: torch.Tensor | None = None
     # GRPO-Guard: the normalised ratio r̂, each transition's loss over its |Δσ|
     ratio_norm: bool = False
+    # CPS with flow_grpo's log-prob (no variance): log r̃ = 2τ²·log r
+    cps_flow_grpo: bool = False
 
 
 @dataclass
@@ -202,33 +204,39 @@ def _padding_pass(model, reference, transitions, rows, cond, spec) -> None:
     (mean.sum() * 0.0).backward()
 
 
+def _log_ratio(spec, transitions, rows, log_prob, mean):
+    """The ratio the surrogate clips, as log r, and each transition's loss weight (None:
+    all 1): PPO's log π_θ − log π_old; with ``spec.cps_flow_grpo`` that times 2τ² (flow_grpo's
+    CPS log-prob drops the variance: r̃ = r^(2τ²)); with ``spec.ratio_norm`` GRPO-Guard's
+    normalised ratio, each loss over its |Δσ|; TempFlow's step weights on top."""
+    from_step = transitions.state_step[transitions.state_index[rows]]
+    weights = None if spec.step_weights is None else spec.step_weights[from_step]
+    old_log_prob = transitions.old_log_probs[rows].to(log_prob.device)
+    if not (spec.ratio_norm or spec.cps_flow_grpo):
+        return log_prob - old_log_prob.to(log_prob.dtype), weights
+    sigmas = spec.grid.sigmas
+    sigma, sigma_next = sigmas[from_step], sigmas[transitions.next_step[rows]]
+    std = step_coefficients(sigma, sigma_next, spec.eta, spec.sde_type, spec.grid.sigma_1).std
+    if spec.cps_flow_grpo:
+        scale = (2.0 * std**2).to(log_prob.device, log_prob.dtype)
+        return (log_prob - old_log_prob.to(log_prob.dtype)) * scale, weights
+    if transitions.old_means is None:
+        raise ValueError(
+            "optim.loss grpo_guard needs each step's rollout mean: the rollout did not "
+            "keep them (a worker on another config?)"
+        )
+    old_mean = transitions.old_means[rows].to(mean.device)
+    guard = 1.0 / (sigma - sigma_next)  # GRPO-Guard's per-step reweighting 1/|Δ|
+    weights = guard if weights is None else weights * guard
+    return guard_log_ratio(log_prob, old_log_prob, mean, old_mean, std), weights
+
+
 def _chunk_loss(model, transitions, cond, spec, adv, clip_range, reference, kl_beta, rows):
     """PPO-clip loss of some transition rows (mean over them), plus β·KL to the
     reference: (loss, PPO stats, KL as a float)."""
     log_prob, mean, g = recompute_log_probs(model, transitions, rows, cond, spec)
-    weights = None
-    from_step = transitions.state_step[transitions.state_index[rows]]
-    if spec.step_weights is not None:
-        weights = spec.step_weights[from_step]
-    old_log_prob = transitions.old_log_probs[rows].to(log_prob.device)
-    if spec.ratio_norm:
-        if transitions.old_means is None:
-            raise ValueError(
-                "optim.loss grpo_guard needs each step's rollout mean: the rollout did not "
-                "keep them (a worker on another config?)"
-            )
-        sigmas = spec.grid.sigmas
-        sigma, sigma_next = sigmas[from_step], sigmas[transitions.next_step[rows]]
-        coefs = step_coefficients(sigma, sigma_next, spec.eta, spec.sde_type, spec.grid.sigma_1)
-        old_mean = transitions.old_means[rows].to(mean.device)
-        log_ratio = guard_log_ratio(log_prob, old_log_prob, mean, old_mean, coefs.std)
-        guard = 1.0 / (sigma - sigma_next)  # GRPO-Guard's per-step reweighting 1/|Δ|
-        weights = guard if weights is None else weights * guard
-        stats = clipped_surrogate(log_ratio, adv[rows].to(log_prob.device), clip_range, weights)
-    else:
-        stats = ppo_clip_loss(
-            log_prob, old_log_prob, adv[rows].to(log_prob.device), clip_range, weights
-        )
+    log_ratio, weights = _log_ratio(spec, transitions, rows, log_prob, mean)
+    stats = clipped_surrogate(log_ratio, adv[rows].to(log_prob.device), clip_range, weights)
     if reference is None:
         return stats.loss, stats, 0.0
     with torch.no_grad():

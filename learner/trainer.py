@@ -200,6 +200,7 @@ class LearnerCore:
             sde_type=sde_type,
             step_weights=step_weights,
             ratio_norm=cfg.optim.loss == "grpo_guard",
+            cps_flow_grpo=cfg.optim.cps_ratio == "flow_grpo",
         )
         self.version = 0
         self.iteration = 0

@@ -90,6 +90,46 @@ def test_cps_is_a_sampler_option_with_its_eta_checked():
         load_config(None, ["sampling.sde_type=cps", "sampling.eta=1.2"])
 
 
+def test_cps_flow_grpo_ratio_is_the_gaussian_ratio_to_the_power_two_tau_squared():
+    """optim.cps_ratio flow_grpo: flow_grpo's CPS log-prob is −mean((x'−μ)²) (no variance,
+    no constant), so its log-ratio is 2τ² times the Gaussian one (newer-methods.md §6d);
+    checked against that definition on one step's tensors."""
+    from g2rpo.common.schedules import sampling_grid
+    from g2rpo.common.trajectories import Transitions
+    from g2rpo.learner.grpo import StepSpec, _log_ratio
+
+    grid = sampling_grid(6, 3.0)
+    gen = torch.Generator().manual_seed(4)
+    x_next = torch.randn(3, 5, generator=gen)
+    mean_old, mean_new = torch.randn(3, 5, generator=gen), torch.randn(3, 5, generator=gen)
+    steps = torch.tensor([0, 2, 4])
+    tau = cps_coefficients(grid.sigmas[steps], grid.sigmas[steps + 1], 0.8).std
+    from g2rpo.common.sde import gaussian_log_prob
+
+    lp_old = gaussian_log_prob(x_next, mean_old, tau)
+    lp_new = gaussian_log_prob(x_next, mean_new, tau)
+    tr = Transitions(
+        states=torch.zeros(3, 5),
+        state_step=steps,
+        state_prompt=torch.zeros(3, dtype=torch.long),
+        next_samples=x_next,
+        next_step=steps + 1,
+        old_log_probs=lp_old,
+        state_index=torch.arange(3),
+        adv_slot=torch.arange(3),
+    )
+    rows = torch.arange(3)
+    spec = StepSpec(grid=grid, eta=0.8, sde_type="cps", cps_flow_grpo=True)
+    log_ratio, weights = _log_ratio(spec, tr, rows, lp_new, mean_new)
+    official = -((x_next - mean_new) ** 2).mean(1) + ((x_next - mean_old) ** 2).mean(1)
+    torch.testing.assert_close(log_ratio, official, rtol=1e-4, atol=1e-6)
+    assert weights is None
+    plain, _ = _log_ratio(StepSpec(grid=grid, eta=0.8, sde_type="cps"), tr, rows, lp_new, mean_new)
+    torch.testing.assert_close(plain, lp_new - lp_old)
+    with pytest.raises(ConfigError, match=r"optim\.cps_ratio flow_grpo .* sampling\.sde_type cps"):
+        load_config(None, ["optim.cps_ratio=flow_grpo"])
+
+
 # ------------------------------------------------------------------------ TempFlow
 
 
