@@ -65,6 +65,11 @@ class BranchGRPOOptions(Section):
     split_steps: list[int] = Field(
         default_factory=lambda: [0, 3, 6, 9], description="steps where every node splits in two"
     )
+    prune_depths: list[int] = Field(
+        default_factory=list,
+        description="depth pruning (BranchGRPO-DepPru): edges into nodes at these depths (1 = "
+        "the root's children, T = the leaves) are rolled out but not trained",
+    )
 
 
 class AlgorithmConfig(Section):
@@ -138,6 +143,12 @@ def check_method(cfg) -> None:
             raise ValueError(
                 f"algorithm.branchgrpo.split_steps {splits} must be distinct steps in "
                 f"[0, sampling.num_steps-1 = {s.num_steps - 1}]"
+            )
+        bad = [d for d in a.branchgrpo.prune_depths if not 1 <= d <= s.num_steps]
+        if bad or len(set(a.branchgrpo.prune_depths)) >= s.num_steps:
+            raise ValueError(
+                f"algorithm.branchgrpo.prune_depths {a.branchgrpo.prune_depths}: depths are "
+                f"1..sampling.num_steps = {s.num_steps}, and one at least must stay trained"
             )
         if cfg.sde_type() == "cps":
             raise ValueError(

@@ -179,13 +179,16 @@ def branchgrpo_plan(
     split_steps: list[int],
     *,
     eta: float = 0.3,
+    prune_depths: list[int] = (),
     eval_anchor: bool = True,
 ) -> RolloutPlan:
     """BranchGRPO (arXiv 2509.06040; Fredreic1849/BranchGRPO train_branchgrpo_flux.py):
     one tree per prompt from one noise, SDE on every edge, every node stepped twice (two
     noise rows) at a split step and once elsewhere: 2^|splits| leaves. Every edge is
     trained with the advantage of the node it reaches (slot p·N + node, N nodes per tree
-    below the root; ``learner/advantages.py`` gives the per-depth advantages)."""
+    below the root; ``learner/advantages.py`` gives the per-depth advantages). Depth
+    pruning (BranchGRPO-DepPru): edges into nodes at ``prune_depths`` (1 = the root's
+    children) are sampled as before but not trained."""
     splits = set(split_steps)
     if not splits or min(splits) < 0 or max(splits) > num_steps - 1:
         raise ValueError(f"split steps {sorted(splits)} must lie in [0, T-1={num_steps - 1}]")
@@ -200,7 +203,8 @@ def branchgrpo_plan(
             for path in paths:
                 for _ in range(2 if t in splits else 1):
                     slot = p * per_tree + node
-                    edge = Edge(to=t + 1, noise=noise, trained=True, adv_slot=slot)
+                    trained = t + 1 not in prune_depths
+                    edge = Edge(to=t + 1, noise=noise, trained=trained, adv_slot=slot)
                     grown.append((*path, edge))
                     noise += 1
                     node += 1
@@ -439,7 +443,8 @@ def _method_plan(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan
         window = mixgrpo_window(iteration, T, o.window_size, o.shift_every, o.stride, o.roll_back)
         return mixgrpo_plan(P, T, G, window=window, eta=s.eta)
     if algo.name == "branchgrpo":
-        return branchgrpo_plan(P, T, algo.branchgrpo.split_steps, eta=s.eta)
+        o = algo.branchgrpo
+        return branchgrpo_plan(P, T, o.split_steps, eta=s.eta, prune_depths=o.prune_depths)
     if algo.name == "tempflow":
         return tempflow_plan(P, T, G, s.sde_steps, eta=s.eta, terminal=s.terminal)
     if algo.name == "flowgrpo_fast":

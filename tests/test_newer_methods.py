@@ -259,6 +259,28 @@ def test_branchgrpo_tree_nfe_and_edges_match_the_docs_count():
         assert all(e.stochastic for i in plan.leaf_indices("sample") for e in plan.leaves[i].edges)
 
 
+def test_branchgrpo_depth_pruning_trains_fewer_edges_of_the_same_rollout():
+    """DepPru: the tree and its noise are unchanged (same NFEs), edges into the pruned
+    depths are not trained: at T=16 with splits {0, 3, 6, 9}, pruning depths 11..16
+    drops 6 x 16 of the 154 edges."""
+    from g2rpo.rollout_worker.plan import branchgrpo_plan
+
+    full = branchgrpo_plan(1, 16, [0, 3, 6, 9])
+    pruned = branchgrpo_plan(1, 16, [0, 3, 6, 9], prune_depths=[11, 12, 13, 14, 15, 16])
+    assert algorithm_nfe(pruned) == algorithm_nfe(full) == 139
+    trained = {e.adv_slot for leaf in pruned.leaves for e in leaf.edges if e.trained}
+    assert len(trained) == 154 - 6 * 16
+    with pytest.raises(ConfigError, match=r"algorithm\.branchgrpo\.prune_depths"):
+        load_config(
+            None,
+            [
+                "algorithm.name=branchgrpo",
+                "sampling.group_size=16",
+                "algorithm.branchgrpo.prune_depths=[0]",
+            ],
+        )
+
+
 def test_branchgrpo_advantages_per_depth_known_answer():
     """T=2, splits {0, 1}: depth-1 nodes a (leaves 1, 2) and b (leaves 3, 5) have rewards
     1.5 and 4, normalised with the unbiased std of two values: ∓0.7071 whatever the gap
