@@ -11,7 +11,7 @@ from pydantic import Field
 from .config_train import Section
 
 AlgorithmName = Literal[
-    "g2rpo", "dancegrpo", "flowgrpo", "mixgrpo", "flowgrpo_fast", "tempflow", "branchgrpo"
+    "g2rpo", "dancegrpo", "flowgrpo", "mixgrpo", "flowgrpo_fast", "tempflow", "branchgrpo", "nft"
 ]
 ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)
 
@@ -72,6 +72,21 @@ class BranchGRPOOptions(Section):
     )
 
 
+class NFTOptions(Section):
+    """DiffusionNFT: G ODE samples per prompt (own noises); the learner noises each clean
+    sample at ``timesteps`` grid times and trains on the positive/negative implicit
+    policies of v_θ and an old velocity (learner/nft.py)."""
+
+    beta: float = Field(1.0, gt=0, description="the NFT mixing coefficient β (0.1 for OCR)")
+    kl_beta: float = Field(1e-4, ge=0, description="weight of mean((v_θ − v_ref)²), the base")
+    timesteps: int | None = Field(
+        None, ge=1, description="grid times per sample (default T−1: the official 9 of 10)"
+    )
+    old_decay: Literal["linear_to_0_5", "delayed_linear_to_0_999", "copy"] = Field(
+        "linear_to_0_5", description="λ of θ_old ← λ·θ_old + (1−λ)·θ after each update"
+    )
+
+
 class AlgorithmConfig(Section):
     name: AlgorithmName = "g2rpo"
     dancegrpo: DanceGRPOOptions = Field(default_factory=DanceGRPOOptions)
@@ -80,6 +95,7 @@ class AlgorithmConfig(Section):
     flowgrpo_fast: FlowGRPOFastOptions = Field(default_factory=FlowGRPOFastOptions)
     tempflow: TempFlowOptions = Field(default_factory=TempFlowOptions)
     branchgrpo: BranchGRPOOptions = Field(default_factory=BranchGRPOOptions)
+    nft: NFTOptions = Field(default_factory=NFTOptions)
     control: bool = Field(False, description="shuffle advantages within each group (control run)")
 
 
@@ -160,6 +176,17 @@ def check_method(cfg) -> None:
                 f"sampling.group_size {s.group_size}: BranchGRPO's tree has "
                 f"2^{len(splits)} = {2 ** len(splits)} leaves "
                 f"(algorithm.branchgrpo.split_steps {splits})"
+            )
+    if a.name == "nft":
+        t = cfg.train.learner
+        if t.count > 1 or cfg.model.mixed_precision == "fsdp":
+            raise ValueError(
+                "algorithm.name nft runs on one unsharded learner for now: set "
+                "train.learner.count to 1 and model.mixed_precision to autocast"
+            )
+        if a.nft.timesteps is not None and a.nft.timesteps > s.num_steps:
+            raise ValueError(
+                f"algorithm.nft.timesteps {a.nft.timesteps} > sampling.num_steps {s.num_steps}"
             )
     if a.name == "flowgrpo_fast":
         last = cfg.fast_branch_max() + a.flowgrpo_fast.window - 1

@@ -61,6 +61,8 @@ class RolloutPlan:
     granularities: list[int] = field(default_factory=list)
     # record each trained step's mean μ_old (GRPO-Guard's ratio normalisation needs it)
     keep_means: bool = False
+    # hand the learner every leaf's clean latent (the forward-process methods train on them)
+    keep_leaves: bool = False
 
     @property
     def scored_kind(self) -> LeafKind:

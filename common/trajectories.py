@@ -57,4 +57,5 @@ class Trajectories:
     nfe: int  # every sample evaluation of the rollout
     model_calls: int
     nfe_algorithm: int = 0  # of which the algorithm needs (not a baseline's logging anchors)
+    leaf_latents: torch.Tensor | None = None  # [leaves, ...] clean latents (plan.keep_leaves)
     timings: dict[str, float] = field(default_factory=dict)

@@ -54,6 +54,18 @@ def plan_advantages(
             eps=1e-4,
             spread_tol=opt.adv_spread_tol,
         ).reshape(P, K, G)
+    elif plan.algorithm == "nft":
+        # DiffusionNFT: per-prompt mean over the global std + 1e-4 (its per-prompt stat
+        # tracking with global_std); the learner maps it to r in [0, 1]
+        total = sum(weights[n] * plan.gather(r, "sample").double() for n, r in leaf_rewards.items())
+        adv = fuse_terminal_advantages(
+            {"reward": total},
+            {"reward": 1.0},
+            adv_clip=opt.adv_clip,
+            unbiased=False,
+            eps=1e-4,
+            global_std=True,
+        )
     elif plan.algorithm in ("flowgrpo", "flowgrpo_fast"):
         # Flow-GRPO (and its Fast variant) sums the weighted rewards first, then
         # normalises once with the population std + 1e-4 (per prompt, or over every

@@ -32,6 +32,7 @@ from .checkpoints import (
 )
 from .distributed import SINGLE, RankShare, shard_transformer
 from .grpo import StepSpec, grpo_update
+from .nft import OldPolicy, nft_core_update
 
 
 def trained_state(
@@ -172,11 +173,17 @@ class LearnerCore:
         vae_config = AutoencoderKL.load_config(path, subfolder="vae", local_files_only=True)
         self.side, _ = latent_size(vae_config, cfg.train.image_size, cfg.train.image_size)
         self.velocity = self._velocity_of(self.transformer)
-        self.kl_beta = cfg.algorithm.flowgrpo.kl_beta if cfg.algorithm.name == "flowgrpo" else 0.0
+        self.kl_beta = {
+            "flowgrpo": cfg.algorithm.flowgrpo.kl_beta,
+            "nft": cfg.algorithm.nft.kl_beta,
+        }.get(cfg.algorithm.name, 0.0)
         self.reference = self._reference_model() if self.kl_beta > 0 else None
         if self.sharded:
             self._shard()
         self.trainable = [p for p in self.transformer.parameters() if p.requires_grad]
+        # DiffusionNFT's old velocity: a copy of the trained weights (learner/nft.py)
+        self.old = OldPolicy(self.trainable) if cfg.algorithm.name == "nft" else None
+        self.optimizer_steps = 0
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             self.trainable,
@@ -300,6 +307,8 @@ class LearnerCore:
             plan_advantages(b.plan, {n: b.leaf_rewards[n] for n in weights}, self.cfg, control)
             for b in batches
         ]
+        if self.old is not None:
+            return nft_core_update(self, batches, torch.cat(advs), lag)
         transitions, cond = merge(batches)
         # trajectories arrive on the CPU and stay there: each chunk's states move to the
         # device when recomputed (a whole iteration's would cost GiBs on every rank);
@@ -345,12 +354,16 @@ class LearnerCore:
 
     def state_dict(self) -> dict:
         """A one-file checkpoint (a single learner, or a data-parallel rank 0)."""
-        return {
+        state = {
             "lora" if self.lora else "transformer": self.trained_state(),
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
             "iteration": self.iteration,
         }
+        if self.old is not None:
+            state["nft_old"] = self.old.state()
+            state["optimizer_steps"] = self.optimizer_steps
+        return state
 
     def save(self, path: str) -> None:
         """A sharded group writes its shards (every rank); otherwise rank 0 writes
@@ -402,6 +415,9 @@ class LearnerCore:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]
         self.iteration = state["iteration"]
+        if self.old is not None:
+            self.old.load(state["nft_old"])
+            self.optimizer_steps = state["optimizer_steps"]
 
     def export(self, directory: str) -> str | None:
         """Final weights in diffusers layouts: ``pytorch_lora_weights.safetensors``

@@ -306,6 +306,9 @@ class Doctor:
         from ..learner.ratio_check import ratio_before_update
 
         _, cond, result, _ = self.sampled
+        if len(result.transitions) == 0:  # a forward-process method (nft): no ratio
+            r.details = {"transitions": 0, "note": "no trajectory log-probs to compare"}
+            return
         dev = (ratio_before_update(self.learner, result.transitions, cond) - 1).abs()
         over = float(dev.max()) / self.cfg.optim.clip_range
         r.details = {

@@ -120,6 +120,12 @@ class RolloutEngine:
         )
         # a CPS step into σ=0 has no noise (τ = σ'·sin(ηπ/2)): deterministic, as the ODE
         stochastic = (noise_rows >= 0) & (coefs.std > 0)
+        flat = [i for i, e in enumerate(edges) if e.trained and not bool(stochastic[i])]
+        if flat:
+            raise ValueError(
+                f"a trained step to grid index {edges[flat[0]].to} has no noise "
+                "(sampling.eta 0, or CPS into sigma=0): it has no log-prob to train"
+            )
         mean = transition_mean(x, v, coefs)
         sample = mean.clone()
         log_prob = torch.full((x.shape[0],), float("nan"), dtype=torch.float32, device=x.device)

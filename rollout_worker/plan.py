@@ -233,6 +233,25 @@ def branchgrpo_plan(
     )
 
 
+def nft_plan(num_prompts: int, num_steps: int, group_size: int) -> RolloutPlan:
+    """DiffusionNFT: G deterministic (ODE) samples per prompt from their own noises;
+    nothing is recorded but each leaf's clean latent. The evaluation anchor of a prompt
+    is its first sample's path, so it costs no NFE."""
+    rows = num_prompts * group_size
+    return _member_plan(
+        "nft",
+        num_prompts,
+        num_steps,
+        group_size,
+        eta=0.0,
+        sde_type="flow",
+        stochastic=[[False] * num_steps for _ in range(rows)],
+        trained=[[False] * num_steps for _ in range(rows)],
+        init_same_noise=False,
+        eval_anchor=True,
+    )
+
+
 def _member_plan(
     algorithm: str,
     num_prompts: int,
@@ -416,6 +435,7 @@ def plan_for(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan:
     plan = _method_plan(cfg, iteration, generator)
     plan.sde_type = cfg.sde_type()
     plan.keep_means = cfg.optim.loss == "grpo_guard"
+    plan.keep_leaves = cfg.algorithm.name == "nft"
     return plan
 
 
@@ -442,6 +462,8 @@ def _method_plan(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan
         o = algo.mixgrpo
         window = mixgrpo_window(iteration, T, o.window_size, o.shift_every, o.stride, o.roll_back)
         return mixgrpo_plan(P, T, G, window=window, eta=s.eta)
+    if algo.name == "nft":
+        return nft_plan(P, T, G)
     if algo.name == "branchgrpo":
         o = algo.branchgrpo
         return branchgrpo_plan(P, T, o.split_steps, eta=s.eta, prune_depths=o.prune_depths)

@@ -194,6 +194,7 @@ class RolloutWorkerCore:
             model_calls=result.model_calls,
             nfe_algorithm=algorithm_nfe(plan),
             timings=dict(timings or {}),
+            leaf_latents=result.leaf_latents.detach().cpu() if plan.keep_leaves else None,
         )
 
     def evaluate(self, prompts: list[str], seed: int, rewards: RewardEndpoints) -> EvalSamples:

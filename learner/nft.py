@@ -1,0 +1,241 @@
+"""DiffusionNFT (arXiv 2509.16117; NVlabs/DiffusionNFT train_nft_sd3.py @24af555): online
+RL on the forward process. No trajectory log-probs: the learner takes the rollout's clean
+samples x0 and their rewards, noises x0 to x_t = (1−t)·x0 + t·ε at grid times t, and trains
+the velocity v_θ against two implicit policies built with an "old" velocity v_old:
+
+    v⁺ = β·v_θ + (1−β)·v_old,   v⁻ = (1+β)·v_old − β·v_θ,   x̂0^± = x_t − t·v^±
+    L^± = mean((x̂0^± − x0)²) / sg(max(mean|x̂0^± − x0|, 1e-5))      (adaptive x0 loss)
+    L   = c·mean[(r·L⁺ + (1−r)·L⁻) / β] + β_KL·mean((v_θ − v_ref)²)
+
+with r = ½ + ½·clip(A/c, −1, 1) from the group advantage A and c = optim.adv_clip (the
+code's adv_clip_max, 5). The old velocity is a copy of the trained weights, moved towards
+them after each update: θ_old ← λ·θ_old + (1−λ)·θ, λ from the optimizer step count n.
+
+Pure torch; the learner core (``trainer.py``) calls ``nft_update``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+
+import torch
+
+from ..common.schedules import SamplingGrid
+from ..common.seeds import seed_for
+from .distributed import total_norm
+
+OldDecay = str  # "linear_to_0_5" | "delayed_linear_to_0_999" | "copy"
+
+
+def nft_reward_weight(advantages: torch.Tensor, adv_clip: float) -> torch.Tensor:
+    """r = ½ + ½·clip(A/c, −1, 1) ∈ [0, 1]: the weight of the positive policy's loss."""
+    return (0.5 + 0.5 * (advantages.clamp(-adv_clip, adv_clip) / adv_clip)).clamp(0.0, 1.0)
+
+
+def old_decay(step: int, kind: OldDecay) -> float:
+    """λ of the old policy's soft update after ``step`` optimizer steps (the official
+    decay_type 1: min(0.001·n, 0.5); 2: 0 before 75 steps, then min(0.0075·(n−75), 0.999);
+    copy: λ = 0, the old policy is the current one after every update)."""
+    if kind == "linear_to_0_5":
+        return min(0.001 * step, 0.5)
+    if kind == "delayed_linear_to_0_999":
+        return 0.0 if step < 75 else min(0.0075 * (step - 75), 0.999)
+    if kind == "copy":
+        return 0.0
+    raise ValueError(f"old_decay must be linear_to_0_5, delayed_linear_to_0_999 or copy: {kind!r}")
+
+
+def adaptive_x0_loss(x0_hat: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """Per sample: mean((x̂0 − x0)²) / sg(max(mean|x̂0 − x0|, 1e-5))."""
+    err = (x0_hat - x0).flatten(1)
+    scale = err.abs().mean(dim=1).clamp_min(1e-5).detach()
+    return (err**2).mean(dim=1) / scale
+
+
+def nft_loss(
+    v_theta: torch.Tensor,
+    v_old: torch.Tensor,
+    x_t: torch.Tensor,
+    x0: torch.Tensor,
+    t: torch.Tensor,
+    r: torch.Tensor,
+    beta: float,
+    adv_clip: float,
+) -> torch.Tensor:
+    """Per (sample, t) policy loss c·(r·L⁺ + (1−r)·L⁻)/β; ``t`` and ``r`` are [B]."""
+    tt = t.to(x_t).reshape(-1, *([1] * (x_t.ndim - 1)))
+    v_pos = beta * v_theta + (1.0 - beta) * v_old
+    v_neg = (1.0 + beta) * v_old - beta * v_theta
+    loss_pos = adaptive_x0_loss(x_t - tt * v_pos, x0)
+    loss_neg = adaptive_x0_loss(x_t - tt * v_neg, x0)
+    r = r.to(loss_pos)
+    return adv_clip * (r * loss_pos + (1.0 - r) * loss_neg) / beta
+
+
+class OldPolicy:
+    """The old velocity's weights: a copy of the trained parameters, swapped in for its
+    forwards and moved towards the trained ones after each update."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter]) -> None:
+        self.params = list(params)
+        self.weights = [p.detach().clone() for p in self.params]
+
+    @contextmanager
+    def swapped(self):
+        """The parameters hold the old weights inside the block (no autograd there)."""
+        with torch.no_grad():
+            for p, w in zip(self.params, self.weights, strict=True):
+                p.data, w.data = w.data, p.data
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, w in zip(self.params, self.weights, strict=True):
+                    p.data, w.data = w.data, p.data
+
+    @torch.no_grad()
+    def soft_update(self, lam: float) -> None:
+        for p, w in zip(self.params, self.weights, strict=True):
+            w.mul_(lam).add_(p.detach(), alpha=1.0 - lam)
+
+    def state(self) -> list[torch.Tensor]:
+        return [w.detach().cpu().clone() for w in self.weights]
+
+    def load(self, state: list[torch.Tensor]) -> None:
+        if len(state) != len(self.weights):
+            raise ValueError(f"old policy: {len(state)} tensors for {len(self.weights)}")
+        for w, s in zip(self.weights, state, strict=True):
+            w.copy_(s.to(w))
+
+
+def nft_update(
+    model,
+    parameters: Sequence[torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    old: OldPolicy,
+    latents: torch.Tensor,
+    prompts: torch.Tensor,
+    advantages: torch.Tensor,
+    cond: Mapping[str, torch.Tensor],
+    grid: SamplingGrid,
+    generator: torch.Generator,
+    *,
+    beta: float,
+    adv_clip: float,
+    timesteps: int,
+    max_grad_norm: float,
+    max_batch: int,
+    reference=None,
+    kl_beta: float = 0.0,
+) -> dict[str, float]:
+    """One optimizer step on every (sample, t) pair of an iteration: ``latents`` [N, ...]
+    the clean samples, ``prompts`` [N] their conditioning rows, ``advantages`` [N]. Each
+    sample takes ``timesteps`` distinct grid times t ∈ {σ_0 … σ_{T−1}} (a permutation
+    drawn from ``generator``) and a fresh ε per pair."""
+    params = list(parameters)
+    device = next(iter(cond.values())).device
+    n, steps = latents.shape[0], grid.num_steps
+    if not 1 <= timesteps <= steps:
+        raise ValueError(f"timesteps must be in 1..{steps}, got {timesteps}")
+    r = nft_reward_weight(advantages.double(), adv_clip).float()
+    # the pairs, drawn on the CPU generator: (sample, grid index), then their noise
+    grid_idx = torch.stack(
+        [torch.randperm(steps, generator=generator)[:timesteps] for _ in range(n)]
+    )
+    sample_of = torch.arange(n).repeat_interleave(timesteps)
+    step_of = grid_idx.reshape(-1)
+    noise = torch.randn((sample_of.numel(), *latents.shape[1:]), generator=generator)
+    pairs = sample_of.numel()
+    optimizer.zero_grad(set_to_none=True)
+    total_loss = total_kl = 0.0
+    forwards = 0
+    for lo in range(0, pairs, max_batch):
+        rows = torch.arange(lo, min(lo + max_batch, pairs))
+        s_rows, k_rows = sample_of[rows], step_of[rows]
+        x0 = latents[s_rows].to(device, torch.float32)
+        t = grid.sigmas[k_rows].to(device, torch.float32)
+        x_t = (1.0 - t).view(-1, *([1] * (x0.ndim - 1))) * x0 + t.view(
+            -1, *([1] * (x0.ndim - 1))
+        ) * noise[rows].to(device)
+        timestep = grid.timesteps[k_rows].to(device)
+        c = {k: v.index_select(0, prompts[s_rows].to(device)) for k, v in cond.items()}
+        with torch.no_grad(), old.swapped():
+            v_old = model(x_t, timestep, c)
+        v_theta = model(x_t, timestep, c)
+        per_pair = nft_loss(v_theta, v_old, x_t, x0, t, r[s_rows].to(device), beta, adv_clip)
+        loss = per_pair.mean()
+        forwards += 2 * len(rows)
+        if reference is not None and kl_beta > 0:
+            with torch.no_grad():
+                v_ref = reference(x_t, timestep, c)
+            kl = ((v_theta - v_ref) ** 2).flatten(1).mean(dim=1).mean()
+            loss = loss + kl_beta * kl
+            total_kl += float(kl.detach()) * len(rows) / pairs
+            forwards += len(rows)
+        (loss * (len(rows) / pairs)).backward()
+        total_loss += float(loss.detach()) * len(rows) / pairs
+    norm = total_norm(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {
+        "loss": total_loss,
+        "ratio_mean": 1.0,  # no likelihood ratio: the forward process has none
+        "ratio_min": 1.0,
+        "ratio_max": 1.0,
+        "clip_fraction": 0.0,
+        "grad_norm": norm,
+        "grad_norm_max": norm,
+        "optimizer_steps": 1,
+        "kl": total_kl,
+        "transitions": n,
+        "nfe_learn": forwards,
+        "nft_pairs": pairs,
+        "nft_r_mean": float(r.mean()),
+    }
+
+
+def nft_core_update(core, batches, adv: torch.Tensor, lag: int) -> dict:
+    """A learner core's (``trainer.LearnerCore``) DiffusionNFT update on the batches'
+    clean samples, then the old velocity's soft update; the core's version and
+    iteration advance as after a GRPO update."""
+    from .trainer import merge
+
+    latents, prompts, offset = [], [], 0
+    for b in batches:
+        if b.leaf_latents is None:
+            raise ValueError("algorithm.name nft needs the rollout's clean latents")
+        idx = b.plan.leaf_indices("sample")  # plan order = the advantages' [P, G] order
+        latents.append(b.leaf_latents[idx])
+        prompts.append(torch.tensor([b.plan.leaves[i].prompt + offset for i in idx]))
+        offset += b.plan.num_prompts
+    _, cond = merge(batches)
+    device = torch.device(core.cfg.model.device)
+    cond = {k: v.to(device) for k, v in cond.items()}
+    o, nft = core.cfg.optim, core.cfg.algorithm.nft
+    gen = torch.Generator().manual_seed(seed_for(core.cfg.run.seed, core.iteration, 0, 2))
+    stats = nft_update(
+        core.velocity,
+        core.trainable,
+        core.optimizer,
+        core.old,
+        torch.cat(latents),
+        torch.cat(prompts),
+        adv,
+        cond,
+        core.spec.grid,
+        gen,
+        beta=nft.beta,
+        adv_clip=o.adv_clip,
+        timesteps=nft.timesteps or core.cfg.sampling.num_steps - 1,
+        max_grad_norm=o.max_grad_norm,
+        max_batch=core.cfg.train.learner.max_batch,
+        reference=core.reference,
+        kl_beta=core.kl_beta,
+    )
+    core.optimizer_steps += stats["optimizer_steps"]
+    core.old.soft_update(old_decay(core.optimizer_steps, nft.old_decay))
+    core.version += 1
+    core.iteration += 1
+    stats.update({"weight_lag": lag, "adv_abs_mean": float(adv.abs().mean())})
+    return stats
