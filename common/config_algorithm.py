@@ -11,8 +11,18 @@ from pydantic import Field
 from .config_train import Section
 
 AlgorithmName = Literal[
-    "g2rpo", "dancegrpo", "flowgrpo", "mixgrpo", "flowgrpo_fast", "tempflow", "branchgrpo", "nft"
+    "g2rpo",
+    "dancegrpo",
+    "flowgrpo",
+    "mixgrpo",
+    "flowgrpo_fast",
+    "tempflow",
+    "branchgrpo",
+    "nft",
+    "awm",
 ]
+# trained on clean samples by the forward process (learner/nft.py), not on log-probs
+FORWARD_PROCESS = ("nft", "awm")
 ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)
 
 
@@ -87,6 +97,24 @@ class NFTOptions(Section):
     )
 
 
+class AWMOptions(Section):
+    """AWM: G ODE samples per prompt; the learner weights the flow-matching loss of each
+    clean sample, noised at one grid time per stratum, by its advantage (learner/nft.py)."""
+
+    timesteps: int = Field(6, ge=1, description="strata of grid times, one draw each")
+    strata_from: Literal["after_noise", "noise"] = Field(
+        "after_noise",
+        description="after_noise: strata over grid indices 1..T−3 (discrete_wo_init, "
+        "GenEval/OCR); noise: from 0 (discrete, PickScore)",
+    )
+    power: float = Field(0.25, gt=0, le=1, description="the ghuber weighting's p")
+    kl_beta: float = Field(1e-3, ge=0, description="weight of mean((v_θ − v_ref)²), the base")
+    ema_kl: float = Field(1.0, ge=0, description="weight of mean((v_θ − v_ema)²)")
+    ema_decay: Literal["linear_to_0_3", "linear_to_0_5", "copy"] = Field(
+        "linear_to_0_3", description="λ of the EMA-KL copy: min(0.001·n, 0.3)"
+    )
+
+
 class AlgorithmConfig(Section):
     name: AlgorithmName = "g2rpo"
     dancegrpo: DanceGRPOOptions = Field(default_factory=DanceGRPOOptions)
@@ -96,6 +124,7 @@ class AlgorithmConfig(Section):
     tempflow: TempFlowOptions = Field(default_factory=TempFlowOptions)
     branchgrpo: BranchGRPOOptions = Field(default_factory=BranchGRPOOptions)
     nft: NFTOptions = Field(default_factory=NFTOptions)
+    awm: AWMOptions = Field(default_factory=AWMOptions)
     control: bool = Field(False, description="shuffle advantages within each group (control run)")
 
 
@@ -177,12 +206,19 @@ def check_method(cfg) -> None:
                 f"2^{len(splits)} = {2 ** len(splits)} leaves "
                 f"(algorithm.branchgrpo.split_steps {splits})"
             )
-    if a.name == "nft":
+    if a.name in FORWARD_PROCESS:
         t = cfg.train.learner
         if t.count > 1 or cfg.model.mixed_precision == "fsdp":
             raise ValueError(
-                "algorithm.name nft runs on one unsharded learner for now: set "
+                f"algorithm.name {a.name} runs on one unsharded learner for now: set "
                 "train.learner.count to 1 and model.mixed_precision to autocast"
+            )
+    if a.name == "awm":
+        low = 1 if a.awm.strata_from == "after_noise" else 0
+        if s.num_steps - 2 - low < a.awm.timesteps:
+            raise ValueError(
+                f"algorithm.awm.timesteps {a.awm.timesteps} strata need that many grid steps "
+                f"in {low}..sampling.num_steps-3 (num_steps {s.num_steps})"
             )
         if a.nft.timesteps is not None and a.nft.timesteps > s.num_steps:
             raise ValueError(

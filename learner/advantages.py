@@ -54,9 +54,9 @@ def plan_advantages(
             eps=1e-4,
             spread_tol=opt.adv_spread_tol,
         ).reshape(P, K, G)
-    elif plan.algorithm == "nft":
-        # DiffusionNFT: per-prompt mean over the global std + 1e-4 (its per-prompt stat
-        # tracking with global_std); the learner maps it to r in [0, 1]
+    elif plan.algorithm in ("nft", "awm"):
+        # DiffusionNFT and AWM: per-prompt mean over the global std + 1e-4 (their per-prompt
+        # stat tracking with global_std); the learner maps it to r or to A/5 in [-1, 1]
         total = sum(weights[n] * plan.gather(r, "sample").double() for n, r in leaf_rewards.items())
         adv = fuse_terminal_advantages(
             {"reward": total},

@@ -11,7 +11,10 @@ with r = ½ + ½·clip(A/c, −1, 1) from the group advantage A and c = optim.ad
 code's adv_clip_max, 5). The old velocity is a copy of the trained weights, moved towards
 them after each update: θ_old ← λ·θ_old + (1−λ)·θ, λ from the optimizer step count n.
 
-Pure torch; the learner core (``trainer.py``) calls ``nft_update``.
+AWM (Advantage Weighted Matching, arXiv 2509.25050) shares the seam: the same clean
+samples and old copy (its EMA-KL adapter), a different per-pair term (``awm_loss``) at
+stratified grid times. Pure torch; the learner core (``trainer.py``) calls
+``nft_core_update``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from ..common.schedules import SamplingGrid
 from ..common.seeds import seed_for
 from .distributed import total_norm
 
-OldDecay = str  # "linear_to_0_5" | "delayed_linear_to_0_999" | "copy"
+OldDecay = str  # "linear_to_0_5" | "delayed_linear_to_0_999" | "linear_to_0_3" | "copy"
 
 
 def nft_reward_weight(advantages: torch.Tensor, adv_clip: float) -> torch.Tensor:
@@ -41,6 +44,8 @@ def old_decay(step: int, kind: OldDecay) -> float:
         return min(0.001 * step, 0.5)
     if kind == "delayed_linear_to_0_999":
         return 0.0 if step < 75 else min(0.0075 * (step - 75), 0.999)
+    if kind == "linear_to_0_3":  # AWM's EMA-KL adapter: min(0.001·n, 0.3)
+        return min(0.001 * step, 0.3)
     if kind == "copy":
         return 0.0
     raise ValueError(f"old_decay must be linear_to_0_5, delayed_linear_to_0_999 or copy: {kind!r}")
@@ -109,42 +114,74 @@ class OldPolicy:
             w.copy_(s.to(w))
 
 
-def nft_update(
+def awm_loss(
+    v_theta: torch.Tensor,
+    x0: torch.Tensor,
+    eps: torch.Tensor,
+    t: torch.Tensor,
+    adv: torch.Tensor,
+    power: float = 0.25,
+) -> torch.Tensor:
+    """AWM's per (sample, t) policy term (scxue/advantage_weighted_matching
+    train_sd3_awm.py, "ghuber"): L = mean((v_θ − (ε − x0))²), ℓ = −(t/p)·((L + 1e-10)^p −
+    1e-10^p), term = −A·exp(ℓ − sg(ℓ)): value −A, gradient A·t·(L + 1e-10)^(p−1)·∇L, an
+    advantage-weighted, robustly weighted flow-matching loss."""
+    err = (v_theta - (eps - x0)).flatten(1)
+    fm = (err**2).mean(dim=1)
+    tiny = 1e-10
+    ell = -(t.to(fm) / power) * ((fm + tiny) ** power - tiny**power)
+    return -adv.to(fm) * torch.exp(ell - ell.detach())
+
+
+def grid_permutation_steps(n: int, steps: int, per_sample: int, generator) -> torch.Tensor:
+    """[n, per_sample] distinct grid indices of {0 … T−1} per sample (DiffusionNFT)."""
+    return torch.stack([torch.randperm(steps, generator=generator)[:per_sample] for _ in range(n)])
+
+
+def stratified_steps(n: int, low: int, high: int, strata: int, generator) -> torch.Tensor:
+    """[n, strata]: one grid index per stratum of {low … high−1}, the later strata one
+    longer when they do not divide evenly (AWM's discrete_wo_init on 14 steps: {1},
+    {2,3}, …, {10,11} from low 1, high 12)."""
+    count = high - low
+    if count < strata:
+        raise ValueError(f"{strata} strata need {strata} grid steps, got {count}")
+    base, extra = divmod(count, strata)
+    sizes = [base] * (strata - extra) + [base + 1] * extra
+    starts = torch.tensor([low + sum(sizes[:i]) for i in range(strata)])
+    offsets = torch.rand((n, strata), generator=generator) * torch.tensor(sizes)
+    return starts + offsets.long()
+
+
+def forward_process_update(
     model,
     parameters: Sequence[torch.nn.Parameter],
     optimizer: torch.optim.Optimizer,
     old: OldPolicy,
     latents: torch.Tensor,
     prompts: torch.Tensor,
-    advantages: torch.Tensor,
     cond: Mapping[str, torch.Tensor],
     grid: SamplingGrid,
+    pair_steps: torch.Tensor,
     generator: torch.Generator,
+    per_pair_loss,
     *,
-    beta: float,
-    adv_clip: float,
-    timesteps: int,
     max_grad_norm: float,
     max_batch: int,
     reference=None,
     kl_beta: float = 0.0,
+    old_kl: float = 0.0,
 ) -> dict[str, float]:
-    """One optimizer step on every (sample, t) pair of an iteration: ``latents`` [N, ...]
-    the clean samples, ``prompts`` [N] their conditioning rows, ``advantages`` [N]. Each
-    sample takes ``timesteps`` distinct grid times t ∈ {σ_0 … σ_{T−1}} (a permutation
-    drawn from ``generator``) and a fresh ε per pair."""
+    """One optimizer step on every (sample, t) pair of an iteration, the forward-process
+    family's shared loop: ``latents`` [N, ...] the clean samples, ``prompts`` [N] their
+    conditioning rows, ``pair_steps`` [N, K] the grid indices each is noised at (a fresh
+    ε per pair from ``generator``); ``per_pair_loss(v_θ, v_old, x_t, x0, ε, t, sample
+    rows)`` gives the method's term, plus kl_beta·mean((v_θ − v_ref)²) and
+    old_kl·mean((v_θ − v_old)²)."""
     params = list(parameters)
     device = next(iter(cond.values())).device
-    n, steps = latents.shape[0], grid.num_steps
-    if not 1 <= timesteps <= steps:
-        raise ValueError(f"timesteps must be in 1..{steps}, got {timesteps}")
-    r = nft_reward_weight(advantages.double(), adv_clip).float()
-    # the pairs, drawn on the CPU generator: (sample, grid index), then their noise
-    grid_idx = torch.stack(
-        [torch.randperm(steps, generator=generator)[:timesteps] for _ in range(n)]
-    )
-    sample_of = torch.arange(n).repeat_interleave(timesteps)
-    step_of = grid_idx.reshape(-1)
+    n, per_sample = pair_steps.shape
+    sample_of = torch.arange(n).repeat_interleave(per_sample)
+    step_of = pair_steps.reshape(-1)
     noise = torch.randn((sample_of.numel(), *latents.shape[1:]), generator=generator)
     pairs = sample_of.numel()
     optimizer.zero_grad(set_to_none=True)
@@ -154,18 +191,19 @@ def nft_update(
         rows = torch.arange(lo, min(lo + max_batch, pairs))
         s_rows, k_rows = sample_of[rows], step_of[rows]
         x0 = latents[s_rows].to(device, torch.float32)
+        eps = noise[rows].to(device)
         t = grid.sigmas[k_rows].to(device, torch.float32)
-        x_t = (1.0 - t).view(-1, *([1] * (x0.ndim - 1))) * x0 + t.view(
-            -1, *([1] * (x0.ndim - 1))
-        ) * noise[rows].to(device)
+        tt = t.view(-1, *([1] * (x0.ndim - 1)))
+        x_t = (1.0 - tt) * x0 + tt * eps
         timestep = grid.timesteps[k_rows].to(device)
         c = {k: v.index_select(0, prompts[s_rows].to(device)) for k, v in cond.items()}
         with torch.no_grad(), old.swapped():
             v_old = model(x_t, timestep, c)
         v_theta = model(x_t, timestep, c)
-        per_pair = nft_loss(v_theta, v_old, x_t, x0, t, r[s_rows].to(device), beta, adv_clip)
-        loss = per_pair.mean()
         forwards += 2 * len(rows)
+        loss = per_pair_loss(v_theta, v_old, x_t, x0, eps, t, s_rows).mean()
+        if old_kl > 0:
+            loss = loss + old_kl * ((v_theta - v_old) ** 2).flatten(1).mean(dim=1).mean()
         if reference is not None and kl_beta > 0:
             with torch.no_grad():
                 v_ref = reference(x_t, timestep, c)
@@ -190,8 +228,7 @@ def nft_update(
         "kl": total_kl,
         "transitions": n,
         "nfe_learn": forwards,
-        "nft_pairs": pairs,
-        "nft_r_mean": float(r.mean()),
+        "forward_pairs": pairs,
     }
 
 
@@ -214,27 +251,48 @@ def nft_core_update(core, batches, adv: torch.Tensor, lag: int) -> dict:
     cond = {k: v.to(device) for k, v in cond.items()}
     o, nft = core.cfg.optim, core.cfg.algorithm.nft
     gen = torch.Generator().manual_seed(seed_for(core.cfg.run.seed, core.iteration, 0, 2))
-    stats = nft_update(
+    x0s, rows_prompt = torch.cat(latents), torch.cat(prompts)
+    n, steps = x0s.shape[0], core.cfg.sampling.num_steps
+    if core.cfg.algorithm.name == "awm":
+        awm = core.cfg.algorithm.awm
+        low = 1 if awm.strata_from == "after_noise" else 0
+        pair_steps = stratified_steps(n, low, steps - 2, awm.timesteps, gen)
+        weight = adv.clamp(-o.adv_clip, o.adv_clip) / o.adv_clip  # A in [-1, 1]
+
+        def term(v_theta, v_old, x_t, x0, eps, t, s_rows):
+            return awm_loss(v_theta, x0, eps, t, weight[s_rows].to(v_theta.device), awm.power)
+
+        old_kl, decay, kl_beta = awm.ema_kl, awm.ema_decay, core.kl_beta
+    else:
+        pair_steps = grid_permutation_steps(n, steps, nft.timesteps or steps - 1, gen)
+        r = nft_reward_weight(adv.double(), o.adv_clip).float()
+
+        def term(v_theta, v_old, x_t, x0, eps, t, s_rows):
+            return nft_loss(
+                v_theta, v_old, x_t, x0, t, r[s_rows].to(v_theta.device), nft.beta, o.adv_clip
+            )
+
+        old_kl, decay, kl_beta = 0.0, nft.old_decay, core.kl_beta
+    stats = forward_process_update(
         core.velocity,
         core.trainable,
         core.optimizer,
         core.old,
-        torch.cat(latents),
-        torch.cat(prompts),
-        adv,
+        x0s,
+        rows_prompt,
         cond,
         core.spec.grid,
+        pair_steps,
         gen,
-        beta=nft.beta,
-        adv_clip=o.adv_clip,
-        timesteps=nft.timesteps or core.cfg.sampling.num_steps - 1,
+        term,
         max_grad_norm=o.max_grad_norm,
         max_batch=core.cfg.train.learner.max_batch,
         reference=core.reference,
-        kl_beta=core.kl_beta,
+        kl_beta=kl_beta,
+        old_kl=old_kl,
     )
     core.optimizer_steps += stats["optimizer_steps"]
-    core.old.soft_update(old_decay(core.optimizer_steps, nft.old_decay))
+    core.old.soft_update(old_decay(core.optimizer_steps, decay))
     core.version += 1
     core.iteration += 1
     stats.update({"weight_lag": lag, "adv_abs_mean": float(adv.abs().mean())})

@@ -10,6 +10,7 @@ import torch
 
 from ..common.advantages import advantage_shares
 from ..common.config import G2RPOConfig
+from ..common.config_algorithm import FORWARD_PROCESS
 from ..common.errors import ConfigError, RunDirError
 from ..common.flux import FluxVelocity, checkpointing_func
 from ..common.flux_pipeline import latent_size
@@ -173,16 +174,15 @@ class LearnerCore:
         vae_config = AutoencoderKL.load_config(path, subfolder="vae", local_files_only=True)
         self.side, _ = latent_size(vae_config, cfg.train.image_size, cfg.train.image_size)
         self.velocity = self._velocity_of(self.transformer)
-        self.kl_beta = {
-            "flowgrpo": cfg.algorithm.flowgrpo.kl_beta,
-            "nft": cfg.algorithm.nft.kl_beta,
-        }.get(cfg.algorithm.name, 0.0)
+        a = cfg.algorithm
+        betas = {"flowgrpo": a.flowgrpo.kl_beta, "nft": a.nft.kl_beta, "awm": a.awm.kl_beta}
+        self.kl_beta = betas.get(a.name, 0.0)
         self.reference = self._reference_model() if self.kl_beta > 0 else None
         if self.sharded:
             self._shard()
         self.trainable = [p for p in self.transformer.parameters() if p.requires_grad]
-        # DiffusionNFT's old velocity: a copy of the trained weights (learner/nft.py)
-        self.old = OldPolicy(self.trainable) if cfg.algorithm.name == "nft" else None
+        # DiffusionNFT's old velocity, AWM's EMA-KL one: a copy of the trained weights
+        self.old = OldPolicy(self.trainable) if cfg.algorithm.name in FORWARD_PROCESS else None
         self.optimizer_steps = 0
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(

@@ -435,7 +435,7 @@ def plan_for(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan:
     plan = _method_plan(cfg, iteration, generator)
     plan.sde_type = cfg.sde_type()
     plan.keep_means = cfg.optim.loss == "grpo_guard"
-    plan.keep_leaves = cfg.algorithm.name == "nft"
+    plan.keep_leaves = cfg.algorithm.name in ("nft", "awm")
     return plan
 
 
@@ -462,8 +462,10 @@ def _method_plan(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan
         o = algo.mixgrpo
         window = mixgrpo_window(iteration, T, o.window_size, o.shift_every, o.stride, o.roll_back)
         return mixgrpo_plan(P, T, G, window=window, eta=s.eta)
-    if algo.name == "nft":
-        return nft_plan(P, T, G)
+    if algo.name in ("nft", "awm"):
+        plan = nft_plan(P, T, G)
+        plan.algorithm = algo.name
+        return plan
     if algo.name == "branchgrpo":
         o = algo.branchgrpo
         return branchgrpo_plan(P, T, o.split_steps, eta=s.eta, prune_depths=o.prune_depths)

@@ -497,3 +497,28 @@ def test_a_trained_step_without_noise_is_refused_at_the_rollout(tiny_flux):
     init, sde = draw_noise(plan, (4, 64), torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="has no noise"):
         RolloutEngine(tiny_flux, sampling_grid(4, 3.0)).run(plan, flux_cond(1), init, sde)
+
+
+# ---------------------------------------------------------------------------- AWM
+
+
+def test_awm_term_known_answer_and_its_strata():
+    """One element, v_θ = 1, x0 = 0, ε = ½: L = (1 − ½)² = ¼. The term's value is −A
+    (the ratio is exp(ℓ − sg ℓ) = 1) and its gradient A·t·(L + 1e-10)^(p−1)·∂L/∂v =
+    2·0.4·¼^(−¾)·1 = 2.2627 at A = 2, t = 0.4, p = ¼. The strata of {1 … 11} in 6 are
+    {1}, {2,3}, …, {10,11} (AWM's discrete_wo_init on 14 steps)."""
+    from g2rpo.learner.nft import awm_loss, stratified_steps
+
+    v = torch.ones(1, 1, requires_grad=True)
+    term = awm_loss(
+        v, torch.zeros(1, 1), torch.full((1, 1), 0.5), torch.tensor([0.4]), torch.tensor([2.0])
+    )
+    assert float(term.detach()) == pytest.approx(-2.0)
+    term.sum().backward()
+    assert float(v.grad) == pytest.approx(2 * 0.4 * 0.25 ** (-0.75), rel=1e-5)
+    steps = stratified_steps(4000, 1, 12, 6, torch.Generator().manual_seed(0))
+    assert set(steps[:, 0].tolist()) == {1}
+    for k, stratum in enumerate([{2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}], start=1):
+        assert set(steps[:, k].tolist()) == stratum
+    with pytest.raises(ConfigError, match=r"algorithm\.awm\.timesteps"):
+        load_config(None, ["algorithm.name=awm", "sampling.num_steps=8", "sampling.sde_steps=[0]"])

@@ -41,6 +41,8 @@ pytestmark = pytest.mark.slow
         ),
         # DiffusionNFT: its "transitions" are the 2 workers · 2 prompts · G=4 clean samples
         ("nft", ["algorithm.name=nft", "optim.step_mode=accumulate"], 2 * 2 * 4),
+        # AWM: the same clean samples, its advantage-weighted flow-matching loss
+        ("awm", ["algorithm.name=awm", "algorithm.awm.timesteps=3"], 2 * 2 * 4),
         # TempFlow with GRPO-Guard's loss: 2 workers · 2 prompts · 2 branch steps · G=4
         (
             "tempflow-guard",
