@@ -42,42 +42,21 @@ def plan_advantages(
     elif plan.algorithm == "branchgrpo":
         adv = _branch_advantages(plan, leaf_rewards, weights, opt.adv_clip)
     elif plan.algorithm == "tempflow":
-        # TempFlow-GRPO: Flow-GRPO's normalisation (weighted sum, population std + 1e-4)
         # per (prompt, branch step): the group is the G siblings of one anchor state
-        total = sum(weights[n] * plan.gather(r, "branch").double() for n, r in leaf_rewards.items())
+        total = _weighted_total(plan, leaf_rewards, weights, "branch")
         P, K, _, G = total.shape
-        adv = fuse_terminal_advantages(
-            {"reward": total[:, :, 0].reshape(P * K, G)},
-            {"reward": 1.0},
-            adv_clip=opt.adv_clip,
-            unbiased=False,
-            eps=1e-4,
-            spread_tol=opt.adv_spread_tol,
-        ).reshape(P, K, G)
+        flat = _flowgrpo_normalised(total[:, :, 0].reshape(P * K, G), opt, global_std=False)
+        adv = flat.reshape(P, K, G)
     elif plan.algorithm in ("nft", "awm"):
-        # DiffusionNFT and AWM: per-prompt mean over the global std + 1e-4 (their per-prompt
-        # stat tracking with global_std); the learner maps it to r or to A/5 in [-1, 1]
-        total = sum(weights[n] * plan.gather(r, "sample").double() for n, r in leaf_rewards.items())
-        adv = fuse_terminal_advantages(
-            {"reward": total},
-            {"reward": 1.0},
-            adv_clip=opt.adv_clip,
-            unbiased=False,
-            eps=1e-4,
-            global_std=True,
+        # their per-prompt stat tracking with global_std; the learner maps A to r (NFT)
+        # or to A/5 in [-1, 1] (AWM)
+        adv = _flowgrpo_normalised(
+            _weighted_total(plan, leaf_rewards, weights, "sample"), opt, global_std=True
         )
     elif plan.algorithm in ("flowgrpo", "flowgrpo_fast"):
-        # Flow-GRPO (and its Fast variant) sums the weighted rewards first, then
-        # normalises once with the population std + 1e-4 (per prompt, or over every
-        # group of the iteration).
-        total = sum(weights[n] * plan.gather(r, "sample").double() for n, r in leaf_rewards.items())
-        adv = fuse_terminal_advantages(
-            {"reward": total},
-            {"reward": 1.0},
-            adv_clip=opt.adv_clip,
-            unbiased=False,
-            eps=1e-4,
-            spread_tol=opt.adv_spread_tol,
+        adv = _flowgrpo_normalised(
+            _weighted_total(plan, leaf_rewards, weights, "sample"),
+            opt,
             global_std=cfg.algorithm.flowgrpo.adv_std == "global",
         )
     else:
@@ -97,11 +76,31 @@ def plan_advantages(
     return adv.reshape(-1)
 
 
+def _weighted_total(plan, leaf_rewards, weights, kind) -> torch.Tensor:
+    """Σ_r w_r·R_r of each leaf of ``kind`` on its grid (float64)."""
+    return sum(weights[n] * plan.gather(r, kind).double() for n, r in leaf_rewards.items())
+
+
+def _flowgrpo_normalised(total: torch.Tensor, opt, *, global_std: bool) -> torch.Tensor:
+    """Flow-GRPO's advantage, which Fast, TempFlow, DiffusionNFT and AWM share: the
+    weighted reward normalised once per group (last dim) by the population std + 1e-4
+    (or the std of every group, ``global_std``), clipped."""
+    return fuse_terminal_advantages(
+        {"reward": total},
+        {"reward": 1.0},
+        adv_clip=opt.adv_clip,
+        unbiased=False,
+        eps=1e-4,
+        spread_tol=opt.adv_spread_tol,
+        global_std=global_std,
+    )
+
+
 def _branch_advantages(plan, leaf_rewards, weights, adv_clip: float) -> torch.Tensor:
     """BranchGRPO: the weighted reward of each leaf, then per-depth advantages in each
     prompt's tree ([P, N]); a node's slot is its edge's adv_slot, its depth the edge's
     position on the path."""
-    total = sum(weights[n] * r.double() for n, r in leaf_rewards.items())
+    total = sum(weights[n] * r.double() for n, r in leaf_rewards.items())  # per leaf
     P, N = plan.adv_shape
     out = torch.zeros(P, N, dtype=torch.float64)
     for p in range(P):

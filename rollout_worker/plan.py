@@ -23,6 +23,15 @@ def _anchor_edges(num_steps: int, store: bool) -> tuple[Edge, ...]:
     return tuple(Edge(to=t, store=store) for t in range(1, num_steps + 1))
 
 
+def _eval_anchors(num_prompts: int, num_steps: int) -> list[Leaf]:
+    """Each prompt's ODE sample from its root noise (root p): the policy's measurement,
+    not training (``algorithm_nfe`` leaves it out)."""
+    anchor = _anchor_edges(num_steps, store=False)
+    return [
+        Leaf(root=p, prompt=p, edges=anchor, kind="anchor", coords=(p,)) for p in range(num_prompts)
+    ]
+
+
 def anchor_plan(num_prompts: int, num_steps: int) -> RolloutPlan:
     """Deterministic ODE samples only, one per prompt (evaluation of the current policy)."""
     anchor = _anchor_edges(num_steps, store=False)
@@ -155,10 +164,7 @@ def flowgrpo_fast_plan(
             edges = (*anchor[:k], *sde, *rest)
             leaves.append(Leaf(root=p, prompt=p, edges=edges, kind="sample", coords=(p, j)))
     if eval_anchor:
-        leaves += [
-            Leaf(root=p, prompt=p, edges=anchor, kind="anchor", coords=(p,))
-            for p in range(num_prompts)
-        ]
+        leaves += _eval_anchors(num_prompts, num_steps)
     return RolloutPlan(
         algorithm="flowgrpo_fast",
         num_steps=num_steps,
@@ -214,11 +220,7 @@ def branchgrpo_plan(
             for j, path in enumerate(paths)
         ]
     if eval_anchor:
-        anchor = _anchor_edges(num_steps, store=False)
-        leaves += [
-            Leaf(root=p, prompt=p, edges=anchor, kind="anchor", coords=(p,))
-            for p in range(num_prompts)
-        ]
+        leaves += _eval_anchors(num_prompts, num_steps)
     return RolloutPlan(
         algorithm="branchgrpo",
         num_steps=num_steps,
