@@ -115,6 +115,6 @@ def algorithm_nfe(plan: RolloutPlan) -> int:
     """The rollout NFEs the algorithm itself needs: a baseline's ODE anchors only
     measure the policy (``anchor_reward``), so they count as evaluation, not
     training; G²RPO's anchor is the trunk its branches start from."""
-    if plan.algorithm in ("g2rpo", "tempflow", "anchor"):
+    if plan.algorithm == "anchor" or plan.scored_kind == "branch":  # a tree's trunk trains
         return tree_nfe(plan)
     return tree_nfe(plan, ("sample",))

@@ -32,7 +32,6 @@ from typing import Literal
 import torch
 
 SDEType = Literal["flow", "dance", "cps"]
-SDE_TYPES = ("flow", "dance", "cps")
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 

@@ -15,6 +15,7 @@ from ..common.advantages import (
     tree_depth_advantages,
 )
 from ..common.config import G2RPOConfig
+from ..common.config_algorithm import FORWARD_PROCESS
 from ..common.rollout_plan import RolloutPlan
 
 
@@ -47,7 +48,7 @@ def plan_advantages(
         P, K, _, G = total.shape
         flat = _flowgrpo_normalised(total[:, :, 0].reshape(P * K, G), opt, global_std=False)
         adv = flat.reshape(P, K, G)
-    elif plan.algorithm in ("nft", "awm"):
+    elif plan.algorithm in FORWARD_PROCESS:
         # their per-prompt stat tracking with global_std; the learner maps A to r (NFT)
         # or to A/5 in [-1, 1] (AWM)
         adv = _flowgrpo_normalised(

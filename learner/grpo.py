@@ -204,7 +204,7 @@ def _padding_pass(model, reference, transitions, rows, cond, spec) -> None:
     (mean.sum() * 0.0).backward()
 
 
-def _log_ratio(spec, transitions, rows, log_prob, mean):
+def policy_log_ratio(spec, transitions, rows, log_prob, mean):
     """The ratio the surrogate clips, as log r, and each transition's loss weight (None:
     all 1): PPO's log π_θ − log π_old; with ``spec.cps_flow_grpo`` that times 2τ² (flow_grpo's
     CPS log-prob drops the variance: r̃ = r^(2τ²)); with ``spec.ratio_norm`` GRPO-Guard's
@@ -235,7 +235,7 @@ def _chunk_loss(model, transitions, cond, spec, adv, clip_range, reference, kl_b
     """PPO-clip loss of some transition rows (mean over them), plus β·KL to the
     reference: (loss, PPO stats, KL as a float)."""
     log_prob, mean, g = recompute_log_probs(model, transitions, rows, cond, spec)
-    log_ratio, weights = _log_ratio(spec, transitions, rows, log_prob, mean)
+    log_ratio, weights = policy_log_ratio(spec, transitions, rows, log_prob, mean)
     stats = clipped_surrogate(log_ratio, adv[rows].to(log_prob.device), clip_range, weights)
     if reference is None:
         return stats.loss, stats, 0.0

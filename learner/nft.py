@@ -14,7 +14,7 @@ them after each update: θ_old ← λ·θ_old + (1−λ)·θ, λ from the optimi
 AWM (Advantage Weighted Matching, arXiv 2509.25050) shares the seam: the same clean
 samples and old copy (its EMA-KL adapter), a different per-pair term (``awm_loss``) at
 stratified grid times. Pure torch; the learner core (``trainer.py``) calls
-``nft_core_update``.
+``forward_core_update``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from contextlib import contextmanager
 import torch
 
 from ..common.schedules import SamplingGrid
+from ..common.sde import x0_prediction
 from ..common.seeds import seed_for
 from .distributed import total_norm
 
@@ -48,7 +49,9 @@ def old_decay(step: int, kind: OldDecay) -> float:
         return min(0.001 * step, 0.3)
     if kind == "copy":
         return 0.0
-    raise ValueError(f"old_decay must be linear_to_0_5, delayed_linear_to_0_999 or copy: {kind!r}")
+    raise ValueError(
+        f"old_decay must be linear_to_0_5, delayed_linear_to_0_999, linear_to_0_3 or copy: {kind!r}"
+    )
 
 
 def adaptive_x0_loss(x0_hat: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
@@ -69,11 +72,10 @@ def nft_loss(
     adv_clip: float,
 ) -> torch.Tensor:
     """Per (sample, t) policy loss c·(r·L⁺ + (1−r)·L⁻)/β; ``t`` and ``r`` are [B]."""
-    tt = t.to(x_t).reshape(-1, *([1] * (x_t.ndim - 1)))
     v_pos = beta * v_theta + (1.0 - beta) * v_old
     v_neg = (1.0 + beta) * v_old - beta * v_theta
-    loss_pos = adaptive_x0_loss(x_t - tt * v_pos, x0)
-    loss_neg = adaptive_x0_loss(x_t - tt * v_neg, x0)
+    loss_pos = adaptive_x0_loss(x0_prediction(x_t, v_pos, t), x0)
+    loss_neg = adaptive_x0_loss(x0_prediction(x_t, v_neg, t), x0)
     r = r.to(loss_pos)
     return adv_clip * (r * loss_pos + (1.0 - r) * loss_neg) / beta
 
@@ -232,16 +234,18 @@ def forward_process_update(
     }
 
 
-def nft_core_update(core, batches, adv: torch.Tensor, lag: int) -> dict:
-    """A learner core's (``trainer.LearnerCore``) DiffusionNFT update on the batches'
-    clean samples, then the old velocity's soft update; the core's version and
+def forward_core_update(core, batches, adv: torch.Tensor, lag: int) -> dict:
+    """A learner core's (``trainer.LearnerCore``) DiffusionNFT or AWM update on the
+    batches' clean samples, then the old velocity's soft update; the core's version and
     iteration advance as after a GRPO update."""
     from .trainer import merge
 
     latents, prompts, offset = [], [], 0
     for b in batches:
         if b.leaf_latents is None:
-            raise ValueError("algorithm.name nft needs the rollout's clean latents")
+            raise ValueError(
+                f"algorithm.name {core.cfg.algorithm.name} needs the rollout's clean latents"
+            )
         idx = b.plan.leaf_indices("sample")  # plan order = the advantages' [P, G] order
         latents.append(b.leaf_latents[idx])
         prompts.append(torch.tensor([b.plan.leaves[i].prompt + offset for i in idx]))
@@ -262,7 +266,7 @@ def nft_core_update(core, batches, adv: torch.Tensor, lag: int) -> dict:
         def term(v_theta, v_old, x_t, x0, eps, t, s_rows):
             return awm_loss(v_theta, x0, eps, t, weight[s_rows].to(v_theta.device), awm.power)
 
-        old_kl, decay, kl_beta = awm.ema_kl, awm.ema_decay, core.kl_beta
+        old_kl, decay = awm.ema_kl, awm.ema_decay
     else:
         pair_steps = grid_permutation_steps(n, steps, nft.timesteps or steps - 1, gen)
         r = nft_reward_weight(adv.double(), o.adv_clip).float()
@@ -272,7 +276,7 @@ def nft_core_update(core, batches, adv: torch.Tensor, lag: int) -> dict:
                 v_theta, v_old, x_t, x0, t, r[s_rows].to(v_theta.device), nft.beta, o.adv_clip
             )
 
-        old_kl, decay, kl_beta = 0.0, nft.old_decay, core.kl_beta
+        old_kl, decay = 0.0, nft.old_decay
     stats = forward_process_update(
         core.velocity,
         core.trainable,
@@ -288,7 +292,7 @@ def nft_core_update(core, batches, adv: torch.Tensor, lag: int) -> dict:
         max_grad_norm=o.max_grad_norm,
         max_batch=core.cfg.train.learner.max_batch,
         reference=core.reference,
-        kl_beta=kl_beta,
+        kl_beta=core.kl_beta,
         old_kl=old_kl,
     )
     core.optimizer_steps += stats["optimizer_steps"]

@@ -13,7 +13,7 @@ def ratio_before_update(learner, transitions, cond) -> torch.Tensor:
     training, the conditioning moves to the learner's device and the states follow
     in chunks of ``train.learner.max_batch`` distinct states."""
     from .distributed import SINGLE
-    from .grpo import _log_ratio, recompute_log_probs
+    from .grpo import policy_log_ratio, recompute_log_probs
 
     device = torch.device(learner.cfg.model.device)
     tr = transitions.to("cpu")
@@ -24,6 +24,6 @@ def ratio_before_update(learner, transitions, cond) -> torch.Tensor:
         for chunk in SINGLE.chunks(rows, tr.state_index, learner.cfg.train.learner.max_batch):
             lp, mean, _ = recompute_log_probs(learner.velocity, tr, chunk, cond, learner.spec)
             # the ratio training clips: PPO's, flow_grpo's CPS one or GRPO-Guard's r̂
-            log_ratio, _ = _log_ratio(learner.spec, tr, chunk, lp, mean)
+            log_ratio, _ = policy_log_ratio(learner.spec, tr, chunk, lp, mean)
             ratios[chunk] = torch.exp(log_ratio.double().cpu())
     return ratios

@@ -33,7 +33,7 @@ from .checkpoints import (
 )
 from .distributed import SINGLE, RankShare, shard_transformer
 from .grpo import StepSpec, grpo_update
-from .nft import OldPolicy, nft_core_update
+from .nft import OldPolicy, forward_core_update
 
 
 def trained_state(
@@ -308,7 +308,7 @@ class LearnerCore:
             for b in batches
         ]
         if self.old is not None:
-            return nft_core_update(self, batches, torch.cat(advs), lag)
+            return forward_core_update(self, batches, torch.cat(advs), lag)
         transitions, cond = merge(batches)
         # trajectories arrive on the CPU and stay there: each chunk's states move to the
         # device when recomputed (a whole iteration's would cost GiBs on every rank);

@@ -120,10 +120,11 @@ class RolloutEngine:
         )
         # a CPS step into σ=0 has no noise (τ = σ'·sin(ηπ/2)): deterministic, as the ODE
         stochastic = (noise_rows >= 0) & (coefs.std > 0)
-        flat = [i for i, e in enumerate(edges) if e.trained and not bool(stochastic[i])]
-        if flat:
+        flat = torch.tensor([e.trained for e in edges]) & ~stochastic
+        if bool(flat.any()):
+            to = edges[int(flat.nonzero()[0])].to
             raise ValueError(
-                f"a trained step to grid index {edges[flat[0]].to} has no noise "
+                f"a trained step to grid index {to} has no noise "
                 "(sampling.eta 0, or CPS into sigma=0): it has no log-prob to train"
             )
         mean = transition_mean(x, v, coefs)

@@ -15,6 +15,7 @@ from typing import Literal
 
 import torch
 
+from ..common.config_algorithm import FORWARD_PROCESS
 from ..common.rollout_plan import Edge, Leaf, RolloutPlan
 from ..common.schedules import Terminal, completion_indices
 
@@ -437,7 +438,7 @@ def plan_for(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan:
     plan = _method_plan(cfg, iteration, generator)
     plan.sde_type = cfg.sde_type()
     plan.keep_means = cfg.optim.loss == "grpo_guard"
-    plan.keep_leaves = cfg.algorithm.name in ("nft", "awm")
+    plan.keep_leaves = cfg.algorithm.name in FORWARD_PROCESS
     return plan
 
 
@@ -464,7 +465,7 @@ def _method_plan(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan
         o = algo.mixgrpo
         window = mixgrpo_window(iteration, T, o.window_size, o.shift_every, o.stride, o.roll_back)
         return mixgrpo_plan(P, T, G, window=window, eta=s.eta)
-    if algo.name in ("nft", "awm"):
+    if algo.name in FORWARD_PROCESS:
         plan = nft_plan(P, T, G)
         plan.algorithm = algo.name
         return plan

@@ -98,7 +98,7 @@ def test_cps_flow_grpo_ratio_is_the_gaussian_ratio_to_the_power_two_tau_squared(
     checked against that definition on one step's tensors."""
     from g2rpo.common.schedules import sampling_grid
     from g2rpo.common.trajectories import Transitions
-    from g2rpo.learner.grpo import StepSpec, _log_ratio
+    from g2rpo.learner.grpo import StepSpec, policy_log_ratio
 
     grid = sampling_grid(6, 3.0)
     gen = torch.Generator().manual_seed(4)
@@ -122,11 +122,13 @@ def test_cps_flow_grpo_ratio_is_the_gaussian_ratio_to_the_power_two_tau_squared(
     )
     rows = torch.arange(3)
     spec = StepSpec(grid=grid, eta=0.8, sde_type="cps", cps_flow_grpo=True)
-    log_ratio, weights = _log_ratio(spec, tr, rows, lp_new, mean_new)
+    log_ratio, weights = policy_log_ratio(spec, tr, rows, lp_new, mean_new)
     official = -((x_next - mean_new) ** 2).mean(1) + ((x_next - mean_old) ** 2).mean(1)
     torch.testing.assert_close(log_ratio, official, rtol=1e-4, atol=1e-6)
     assert weights is None
-    plain, _ = _log_ratio(StepSpec(grid=grid, eta=0.8, sde_type="cps"), tr, rows, lp_new, mean_new)
+    plain, _ = policy_log_ratio(
+        StepSpec(grid=grid, eta=0.8, sde_type="cps"), tr, rows, lp_new, mean_new
+    )
     torch.testing.assert_close(plain, lp_new - lp_old)
     with pytest.raises(ConfigError, match=r"optim\.cps_ratio flow_grpo .* sampling\.sde_type cps"):
         load_config(None, ["optim.cps_ratio=flow_grpo"])
