@@ -2,6 +2,8 @@
 data parallel for LoRA) against one learner in this process, on the same batch;
 checkpoints written by one size of group read by another."""
 
+import dataclasses
+
 import pytest
 import ray
 import torch
@@ -67,31 +69,35 @@ def test_each_rank_takes_a_contiguous_share_and_sharded_ranks_pad_to_the_same_co
     assert alone == [None]  # one state, three ranks: ranks 1 and 2 only pad
 
 
-@pytest.mark.parametrize("mode", ["full", "lora", "full_padding"])
-def test_two_rank_update_equals_one_rank_update(ray_local, world, mode, tmp_path):
-    """full_padding: one prompt of one worker, so each SDE step has one state and
-    rank 1 runs only padding passes (it must still take part in every collective)."""
-    extra = {"full": [], "lora": LORA, "full_padding": ["sampling.prompts_per_worker=1"]}[mode]
-    cfg = _cfg(world, *extra)
-    batches = _batches(cfg, workers=1 if mode == "full_padding" else 2)
-    one = LearnerCore(cfg)
+def _equal_updates(one: LearnerCore, group: LearnerGroup, batches) -> dict:
+    """The same update by one learner and by the group: the same weights and stats."""
     before = one.trained_state()
     stats_one = one.update(batches)
+    stats_two = group.update(batches)
+    after_one = one.trained_state()
+    assert _max_diff(after_one, _published(group)) <= 1e-5
+    assert _max_diff(before, after_one) > 1e-4  # the update moved the weights
+    for key in ("ratio_min", "ratio_max", "ratio_mean", "clip_fraction", "grad_norm"):
+        assert stats_two[key] == pytest.approx(stats_one[key], rel=1e-5, abs=1e-7), key
+    assert stats_two["loss"] == pytest.approx(stats_one["loss"], abs=1e-7)
+    for key in ("nfe_learn", "transitions", "optimizer_steps"):
+        assert stats_two[key] == stats_one[key], key
+    return after_one
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_two_rank_update_equals_one_rank_update(ray_local, world, mode, tmp_path):
+    """Then checkpoints across group sizes, and (full) an update on one prompt of one
+    worker, so each SDE step has one state and rank 1 runs only padding passes (it
+    must still take part in every collective)."""
+    extra = {"full": [], "lora": LORA}[mode]
+    cfg = _cfg(world, *extra)
+    batches = _batches(cfg, workers=2)
+    one = LearnerCore(cfg)
     group = _group(_cfg(world, "train.learner.count=2", *extra))
     try:
-        stats_two = group.update(batches)
+        after_one = _equal_updates(one, group, batches)
         after_two = _published(group)
-        after_one = one.trained_state()
-        assert _max_diff(after_one, after_two) <= 1e-5
-        assert _max_diff(before, after_one) > 1e-4  # the update moved the weights
-        for key in ("ratio_min", "ratio_max", "ratio_mean", "clip_fraction", "grad_norm"):
-            assert stats_two[key] == pytest.approx(stats_one[key], rel=1e-5, abs=1e-7), key
-        assert stats_two["loss"] == pytest.approx(stats_one["loss"], abs=1e-7)
-        for key in ("nfe_learn", "transitions", "optimizer_steps"):
-            assert stats_two[key] == stats_one[key], key
-
-        if mode == "full_padding":
-            return
         # checkpoints: the group's read by one learner, one learner's by the group
         if mode == "full":
             shards = tmp_path / "it_00001.dcp"
@@ -117,5 +123,9 @@ def test_two_rank_update_equals_one_rank_update(ray_local, world, mode, tmp_path
         torch.save(one.state_dict(), single)
         assert group.load(str(single)) == 1
         assert _max_diff(_published(group), after_one) == 0.0
+
+        if mode == "full":  # both at v1 with the same optimizer state: the padding update
+            padded = _batches(_cfg(world, "sampling.prompts_per_worker=1"), workers=1)
+            _equal_updates(one, group, [dataclasses.replace(b, version=1) for b in padded])
     finally:
         group.kill()

@@ -139,16 +139,22 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(
         # the alerts are loaded, and a healthy run fires none of them
         rules = prometheus.query("ALERTS")
         assert rules == [], rules
+        _stop(train)  # before the browser: the graph reads what Prometheus stored
         _screenshot_graph(prometheus.url, tmp_path / "prometheus-graph.png")
     finally:
+        _stop(train)
+        log.close()
+        prometheus.stop()
+        reward.stop()
+
+
+def _stop(train: subprocess.Popen) -> None:
+    if train.poll() is None:
         train.send_signal(signal.SIGINT)
         try:
             train.wait(timeout=120)
         except subprocess.TimeoutExpired:
             train.kill()
-        log.close()
-        prometheus.stop()
-        reward.stop()
 
 
 def _screenshot_graph(url: str, path: Path) -> None:

@@ -65,7 +65,9 @@ def test_two_iterations_through_the_ray_path(
     from g2rpo.orchestration.driver import read_metrics
     from g2rpo.rollout_worker.plan import plan_for
 
-    run = small_train(world, tmp_path, name, 2, extra, warm=warm, reward_url=scorer_url)
+    # evaluated before training and after it, checkpointed once, at the end
+    once = ["train.eval.every=2", "train.checkpoints.every=2"]
+    run = small_train(world, tmp_path, name, 2, [*extra, *once], warm=warm, reward_url=scorer_url)
     rows = read_metrics(run)
     cfg = load_config(run / "config.yaml")
     assert [r["iteration"] for r in rows] == [0, 1]
@@ -82,4 +84,5 @@ def test_two_iterations_through_the_ray_path(
             for w in range(cfg.train.workers.count)
         ]
         assert r["nfe_rollout"] == sum(algorithm_nfe(p) for p in plans)
-        assert math.isfinite(r["eval/shapes_clip"])
+    assert math.isfinite(rows[0]["eval/shapes_clip"])
+    assert (run / "evals" / "it_00002.json").is_file() and (run / "final").is_dir()

@@ -188,51 +188,17 @@ def calm_group(calm_group_run):
     return read_metrics(calm_group_run), _final_digest(calm_group_run), calm_group_run
 
 
-def test_learner_rank_killed_is_recovered_from_the_last_checkpoint(
-    calm_group, warm, world, scorer_url, tmp_path, capfd
-):
-    """Learner rank 1 SIGKILLed after iteration 1's row: the group is stopped with
-    one line (no traceback from the surviving rank), formed again from the last
-    checkpoint (train.checkpoints.every=1: at most one iteration redone) and the run
-    goes on by itself. metrics.jsonl holds every iteration once, and the rows and the
-    final weights equal the uninterrupted run's."""
-    calm, calm_digest, _ = calm_group
-
-    def kill(record):
-        pid = record["learners"][1]
-        os.kill(pid, signal.SIGKILL)
-        return {"pids": record["learners"]}
-
-    run_dir = tmp_path / "rank-killed"
-    thread, killed = when_rows(run_dir, 2, kill)
-    run = small_train(world, tmp_path, "rank-killed", 3, TWO, reward_url=scorer_url, warm=warm)
-    thread.join(timeout=5)
-    err = capfd.readouterr().err
-    assert "pids" in killed
-    rows = read_metrics(run)
-    assert [r["iteration"] for r in rows] == [0, 1, 2]
-    assert _strip(rows, "learner_restarts") == _strip(calm)
-    assert _final_digest(run) == calm_digest
-    (event,) = [json.loads(ln) for ln in (run / "learner_failures.jsonl").read_text().splitlines()]
-    assert event["rank"] == 1 and event["learner_restarts"] == 1
-    assert event["resumed_from"] in (1, 2)  # it_00002 may have been mid-save
-    redone = event["resumed_from"]
-    assert [r.get("learner_restarts", 0) for r in rows] == [0] * redone + [1] * (3 - redone)
-    new = json.loads((run / "actors.json").read_text())["learners"]
-    assert not set(new) & set(killed["pids"])  # a new group of two
-    assert f"learner rank 1 (pid {killed['pids'][1]}) died" in err, err
-    assert "formed again" in err
-    assert "Traceback" not in err and "Unhandled error" not in err, err
-    assert (run / "finished.json").is_file()
-
-
-def test_learner_rank_death_past_max_failures_stops_with_one_line(
-    calm_group, warm, world, tmp_path
+def test_learner_rank_death_stops_the_run_then_is_recovered_on_resume(
+    calm_group, warm, world, tmp_path, capfd
 ):
     """As a user sees it: `g2rpo train` with run.max_failures=0, learner rank 1
     SIGKILLed after iteration 0. The run stops with one clear line that names the
     rank and says how to resume, and nothing else on stderr (no traceback from the
-    surviving rank); --resume then reproduces the uninterrupted run."""
+    surviving rank). Resumed with run.max_failures=1, rank 1 is SIGKILLed again after
+    the resumed run's first row: the group is stopped with one line, formed again from
+    the last checkpoint (train.checkpoints.every=1: at most one iteration redone) and
+    the run goes on by itself. metrics.jsonl holds every iteration once, and the rows
+    and the final weights equal the uninterrupted run's."""
     from g2rpo.orchestration.driver import train
 
     calm, calm_digest, calm_dir = calm_group
@@ -245,7 +211,7 @@ def test_learner_rank_death_past_max_failures_stops_with_one_line(
 
     def kill(record):
         os.kill(record["learners"][1], signal.SIGKILL)
-        return {"pid": record["learners"][1]}
+        return {"pids": record["learners"]}
 
     thread, killed = when_rows(run_dir, 1, kill)
     try:
@@ -257,11 +223,33 @@ def test_learner_rank_death_past_max_failures_stops_with_one_line(
     lines = [ln for ln in err.splitlines() if ln.strip()]  # not even Ray's INFO lines
     assert len(lines) == 1, err
     (line,) = lines
-    assert line.startswith(f"g2rpo: error: learner rank 1 (pid {killed['pid']}) died in ")
+    assert line.startswith(f"g2rpo: error: learner rank 1 (pid {killed['pids'][1]}) died in ")
     assert "run.max_failures=0" in line and f"g2rpo train --resume {run_dir}" in line
     assert "Traceback" not in out + err and "Unhandled error" not in out + err
     assert not (run_dir / "learner_failures.jsonl").exists()
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [0]
 
-    train(None, [], resume=run_dir, progress=False, warm=warm)
-    assert _strip(read_metrics(run_dir)) == _strip(calm)
+    # resumed from it_00001: its first row is iteration 1's, then rank 1 dies again
+    thread, again = when_rows(run_dir, 2, kill)
+    capfd.readouterr()
+    train(None, ["run.max_failures=1"], resume=run_dir, progress=False, warm=warm)
+    thread.join(timeout=5)
+    err = capfd.readouterr().err
+    assert "pids" in again
+    rows = read_metrics(run_dir)
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    assert _strip(rows, "learner_restarts") == _strip(calm)
     assert _final_digest(run_dir) == calm_digest
+    (event,) = [
+        json.loads(ln) for ln in (run_dir / "learner_failures.jsonl").read_text().splitlines()
+    ]
+    assert event["rank"] == 1 and event["learner_restarts"] == 1
+    assert event["resumed_from"] in (1, 2)  # it_00002 may have been mid-save
+    redone = event["resumed_from"]
+    assert [r.get("learner_restarts", 0) for r in rows] == [0] * redone + [1] * (3 - redone)
+    new = json.loads((run_dir / "actors.json").read_text())["learners"]
+    assert not set(new) & set(again["pids"])  # a new group of two
+    assert f"learner rank 1 (pid {again['pids'][1]}) died" in err, err
+    assert "formed again" in err
+    assert "Traceback" not in err and "Unhandled error" not in err, err
+    assert (run_dir / "finished.json").is_file()

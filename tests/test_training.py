@@ -162,34 +162,6 @@ def test_rollout_actor_and_reward_server_killed_then_resumed_change_nothing(
     assert resumed == calm
 
 
-def test_a_worker_that_falls_behind_is_restarted_and_its_share_redone_once(
-    calm, warm, world, scorer_url, tmp_path
-):
-    """A rollout worker frozen mid-run (SIGSTOP) holds the iteration only until
-    train.workers.rollout_timeout_s: it is killed, Ray restarts it, its share is redone once,
-    and the run's numbers are those of a calm run (nothing trained twice or lost).
-    tests/test_training_group.py does the same in a 2-learner group."""
-    import json
-    import signal
-
-    def freeze(record):
-        pid = record["rollout_workers"][1]  # worker 0 also evaluates, with no timeout
-        os.kill(pid, signal.SIGSTOP)
-        return {"pid": pid}
-
-    thread, frozen = when_first_row(tmp_path / "frozen", freeze)
-    timeout = ["train.workers.rollout_timeout_s=10"]
-    rows = _run(world, tmp_path, "frozen", 3, timeout, reward_url=scorer_url, warm=warm)
-    rows = _strip(read_metrics(rows))
-    thread.join(timeout=5)
-    run_dir = tmp_path / "frozen"
-    assert "pid" in frozen
-    record = json.loads((run_dir / "actors.json").read_text())
-    assert record["rollout_workers"][1] != frozen["pid"]  # killed and restarted by Ray
-    assert [r["transitions"] for r in rows] == [r["transitions"] for r in calm]
-    assert rows == calm
-
-
 def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
     warm, world, scorer_url, tmp_path, capfd
 ):

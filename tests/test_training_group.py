@@ -44,7 +44,8 @@ def test_frozen_worker_restarted_then_resumed_exactly_and_on_one_learner(
     2 iterations holds the iteration only until train.workers.rollout_timeout_s: it is
     killed, Ray restarts it, its share is redone once, and the group's numbers are
     those of the calm run (nothing trained twice or lost). The run then resumes
-    exactly on the group, and on one learner from its sharded checkpoint."""
+    exactly on the group, and on one learner from its sharded checkpoint. (The one
+    frozen-worker test: the rollout timeout is the driver's, whatever the learner count.)"""
 
     def freeze(record):
         pid = record["rollout_workers"][1]  # worker 0 also evaluates, with no timeout
