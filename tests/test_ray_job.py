@@ -33,7 +33,7 @@ train:
   image_size: 32
   max_sequence_length: 16
   workers: {{count: 1}}
-  eval: {{samples: 4, on_actor: false}}
+  eval: {{samples: 2, per_prompt: 2, on_actor: false}}
   reward: {{scorers: ["shapes_clip={world / "shapes_clip"}"]}}
 """)
         submit = [ray_exe, "job", "submit", "--address", head.dashboard_url]
