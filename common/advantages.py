@@ -161,3 +161,22 @@ def tree_depth_advantages(
             continue
         adv[at] = (vals - vals.mean()) / (std + eps)
     return adv.clamp(-adv_clip, adv_clip)
+
+
+def subtree_mean_advantages(
+    leaf_adv: torch.Tensor, leaf_nodes: list[tuple[list[int], int]], num_nodes: int
+) -> torch.Tensor:
+    """TreeGRPO's node advantages (newer-methods.md §5c, from a secondary walkthrough):
+    A(n) = the mean of A over the leaves below n, i.e. the mean of n's children's A
+    for a full binary window. ``leaf_adv``: [G] normalised leaf advantages;
+    ``leaf_nodes``: for each leaf, the nodes on its path and its column in
+    ``leaf_adv``; returns [num_nodes] float64."""
+    total = torch.zeros(num_nodes, dtype=torch.float64)
+    count = torch.zeros(num_nodes, dtype=torch.float64)
+    a = leaf_adv.to(torch.float64)
+    for nodes, j in leaf_nodes:
+        total[nodes] += a[j]
+        count[nodes] += 1
+    if torch.any(count == 0):
+        raise ValueError("every node needs a leaf below it")
+    return total / count

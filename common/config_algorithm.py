@@ -18,6 +18,7 @@ AlgorithmName = Literal[
     "flowgrpo_fast",
     "tempflow",
     "branchgrpo",
+    "treegrpo",
     "nft",
     "awm",
 ]
@@ -82,6 +83,18 @@ class BranchGRPOOptions(Section):
     )
 
 
+class TreeGRPOOptions(Section):
+    """TreeGRPO: an ODE trunk per prompt to step ``start``, ``depth`` consecutive binary
+    SDE splits (Flow-GRPO's SDE), ODE completion; sampling.group_size must be 2^depth.
+    Each edge is trained with the mean normalised advantage of the leaves below it."""
+
+    depth: int = Field(4, ge=1, description="consecutive split steps (the window w)")
+    start: int = Field(0, ge=0, description="the window's first step")
+    slide_every: int = Field(
+        50, ge=0, description="the window moves one step later every N iterations (0: fixed)"
+    )
+
+
 class NFTOptions(Section):
     """DiffusionNFT: G ODE samples per prompt (own noises); the learner noises each clean
     sample at ``timesteps`` grid times and trains on the positive/negative implicit
@@ -123,6 +136,7 @@ class AlgorithmConfig(Section):
     flowgrpo_fast: FlowGRPOFastOptions = Field(default_factory=FlowGRPOFastOptions)
     tempflow: TempFlowOptions = Field(default_factory=TempFlowOptions)
     branchgrpo: BranchGRPOOptions = Field(default_factory=BranchGRPOOptions)
+    treegrpo: TreeGRPOOptions = Field(default_factory=TreeGRPOOptions)
     nft: NFTOptions = Field(default_factory=NFTOptions)
     awm: AWMOptions = Field(default_factory=AWMOptions)
     control: bool = Field(False, description="shuffle advantages within each group (control run)")
@@ -205,6 +219,18 @@ def check_method(cfg) -> None:
                 f"sampling.group_size {s.group_size}: BranchGRPO's tree has "
                 f"2^{len(splits)} = {2 ** len(splits)} leaves "
                 f"(algorithm.branchgrpo.split_steps {splits})"
+            )
+    if a.name == "treegrpo":
+        o = a.treegrpo
+        if o.start + o.depth > s.num_steps - 1:
+            raise ValueError(
+                f"algorithm.treegrpo: start {o.start} + depth {o.depth} splits past step "
+                f"sampling.num_steps-2 = {s.num_steps - 2} (the last step ends at sigma=0)"
+            )
+        if s.group_size != 2**o.depth:
+            raise ValueError(
+                f"sampling.group_size {s.group_size}: TreeGRPO's tree has 2^{o.depth} = "
+                f"{2**o.depth} leaves (algorithm.treegrpo.depth {o.depth})"
             )
     if a.name in FORWARD_PROCESS:
         t = cfg.train.learner

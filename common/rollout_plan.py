@@ -99,6 +99,19 @@ class RolloutPlan:
         return out
 
 
+def anchor_edges(num_steps: int, store: bool) -> tuple[Edge, ...]:
+    return tuple(Edge(to=t, store=store) for t in range(1, num_steps + 1))
+
+
+def eval_anchors(num_prompts: int, num_steps: int) -> list[Leaf]:
+    """Each prompt's ODE sample from its root noise (root p): the policy's measurement,
+    not training (``algorithm_nfe`` leaves it out)."""
+    anchor = anchor_edges(num_steps, store=False)
+    return [
+        Leaf(root=p, prompt=p, edges=anchor, kind="anchor", coords=(p,)) for p in range(num_prompts)
+    ]
+
+
 def tree_nfe(plan: RolloutPlan, kinds: tuple[LeafKind, ...] | None = None) -> int:
     """Model evaluations of the rollout tree restricted to leaves of ``kinds`` (all
     when None): one per distinct node (root, edge prefix) that some leaf steps from."""

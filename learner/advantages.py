@@ -12,6 +12,7 @@ from ..common.advantages import (
     g2rpo_reward_terms,
     group_normalize,
     shuffle_within_groups,
+    subtree_mean_advantages,
     tree_depth_advantages,
 )
 from ..common.config import G2RPOConfig
@@ -42,6 +43,12 @@ def plan_advantages(
         )
     elif plan.algorithm == "branchgrpo":
         adv = _branch_advantages(plan, leaf_rewards, weights, opt.adv_clip)
+    elif plan.algorithm == "treegrpo":
+        # the group is the tree's 2^depth leaves, normalised as Flow-GRPO does
+        leaf_adv = _flowgrpo_normalised(
+            _weighted_total(plan, leaf_rewards, weights, "sample"), opt, global_std=False
+        )
+        adv = _subtree_means(plan, leaf_adv)
     elif plan.algorithm == "tempflow":
         # per (prompt, branch step): the group is the G siblings of one anchor state
         total = _weighted_total(plan, leaf_rewards, weights, "branch")
@@ -115,6 +122,18 @@ def _branch_advantages(plan, leaf_rewards, weights, adv_clip: float) -> torch.Te
             paths.append(nodes)
         out[p] = tree_depth_advantages(total[leaves], paths, depth, adv_clip=adv_clip)
     return out
+
+
+def _subtree_means(plan, leaf_adv: torch.Tensor) -> torch.Tensor:
+    """TreeGRPO: each node's advantage is the mean advantage of the leaves below it
+    ([P, G] leaves on their grid → [P, N] nodes; a node's slot is its edge's adv_slot)."""
+    P, N = plan.adv_shape
+    paths = [[] for _ in range(P)]
+    for i in plan.leaf_indices("sample"):
+        leaf = plan.leaves[i]
+        p, j = leaf.coords
+        paths[p].append(([e.adv_slot - p * N for e in leaf.edges if e.trained], j))
+    return torch.stack([subtree_mean_advantages(leaf_adv[p], paths[p], N) for p in range(P)])
 
 
 def plan_reward_terms(

@@ -16,26 +16,14 @@ from typing import Literal
 import torch
 
 from ..common.config_algorithm import FORWARD_PROCESS
-from ..common.rollout_plan import Edge, Leaf, RolloutPlan
+from ..common.rollout_plan import Edge, Leaf, RolloutPlan, anchor_edges, eval_anchors
 from ..common.schedules import Terminal, completion_indices
-
-
-def _anchor_edges(num_steps: int, store: bool) -> tuple[Edge, ...]:
-    return tuple(Edge(to=t, store=store) for t in range(1, num_steps + 1))
-
-
-def _eval_anchors(num_prompts: int, num_steps: int) -> list[Leaf]:
-    """Each prompt's ODE sample from its root noise (root p): the policy's measurement,
-    not training (``algorithm_nfe`` leaves it out)."""
-    anchor = _anchor_edges(num_steps, store=False)
-    return [
-        Leaf(root=p, prompt=p, edges=anchor, kind="anchor", coords=(p,)) for p in range(num_prompts)
-    ]
+from .tree_plans import branchgrpo_plan, treegrpo_plan, treegrpo_start
 
 
 def anchor_plan(num_prompts: int, num_steps: int) -> RolloutPlan:
     """Deterministic ODE samples only, one per prompt (evaluation of the current policy)."""
-    anchor = _anchor_edges(num_steps, store=False)
+    anchor = anchor_edges(num_steps, store=False)
     return RolloutPlan(
         algorithm="anchor",
         num_steps=num_steps,
@@ -72,7 +60,7 @@ def g2rpo_plan(
     """
     leaves: list[Leaf] = []
     K = len(sde_steps)
-    anchor = _anchor_edges(num_steps, store=True)
+    anchor = anchor_edges(num_steps, store=True)
     for p in range(num_prompts):
         leaves.append(Leaf(root=p, prompt=p, edges=anchor, kind="anchor", coords=(p,)))
     completions = {
@@ -151,7 +139,7 @@ def flowgrpo_fast_plan(
         raise ValueError(f"one branch step per prompt: {len(branch_steps)} for {num_prompts}")
     leaves: list[Leaf] = []
     noise = 0
-    anchor = _anchor_edges(num_steps, store=False)
+    anchor = anchor_edges(num_steps, store=False)
     for p, k in enumerate(branch_steps):
         if not 0 <= k <= num_steps - 1 - window:
             raise ValueError(f"branch step {k} + window {window} runs past step {num_steps - 2}")
@@ -165,7 +153,7 @@ def flowgrpo_fast_plan(
             edges = (*anchor[:k], *sde, *rest)
             leaves.append(Leaf(root=p, prompt=p, edges=edges, kind="sample", coords=(p, j)))
     if eval_anchor:
-        leaves += _eval_anchors(num_prompts, num_steps)
+        leaves += eval_anchors(num_prompts, num_steps)
     return RolloutPlan(
         algorithm="flowgrpo_fast",
         num_steps=num_steps,
@@ -177,62 +165,6 @@ def flowgrpo_fast_plan(
         num_noises=noise,
         leaves=leaves,
         adv_shape=(num_prompts, group_size),
-    )
-
-
-def branchgrpo_plan(
-    num_prompts: int,
-    num_steps: int,
-    split_steps: list[int],
-    *,
-    eta: float = 0.3,
-    prune_depths: list[int] = (),
-    eval_anchor: bool = True,
-) -> RolloutPlan:
-    """BranchGRPO (arXiv 2509.06040; Fredreic1849/BranchGRPO train_branchgrpo_flux.py):
-    one tree per prompt from one noise, SDE on every edge, every node stepped twice (two
-    noise rows) at a split step and once elsewhere: 2^|splits| leaves. Every edge is
-    trained with the advantage of the node it reaches (slot p·N + node, N nodes per tree
-    below the root; ``learner/advantages.py`` gives the per-depth advantages). Depth
-    pruning (BranchGRPO-DepPru): edges into nodes at ``prune_depths`` (1 = the root's
-    children) are sampled as before but not trained."""
-    splits = set(split_steps)
-    if not splits or min(splits) < 0 or max(splits) > num_steps - 1:
-        raise ValueError(f"split steps {sorted(splits)} must lie in [0, T-1={num_steps - 1}]")
-    per_tree = sum(2 ** sum(s <= t for s in splits) for t in range(num_steps))
-    leaves: list[Leaf] = []
-    noise = 0
-    for p in range(num_prompts):
-        paths: list[tuple[Edge, ...]] = [()]
-        node = 0
-        for t in range(num_steps):
-            grown = []
-            for path in paths:
-                for _ in range(2 if t in splits else 1):
-                    slot = p * per_tree + node
-                    trained = t + 1 not in prune_depths
-                    edge = Edge(to=t + 1, noise=noise, trained=trained, adv_slot=slot)
-                    grown.append((*path, edge))
-                    noise += 1
-                    node += 1
-            paths = grown
-        leaves += [
-            Leaf(root=p, prompt=p, edges=path, kind="sample", coords=(p, j))
-            for j, path in enumerate(paths)
-        ]
-    if eval_anchor:
-        leaves += _eval_anchors(num_prompts, num_steps)
-    return RolloutPlan(
-        algorithm="branchgrpo",
-        num_steps=num_steps,
-        sde_type="dance",
-        eta=eta,
-        num_prompts=num_prompts,
-        group_size=2 ** len(splits),
-        root_prompt=list(range(num_prompts)),
-        num_noises=noise,
-        leaves=leaves,
-        adv_shape=(num_prompts, per_tree),
     )
 
 
@@ -297,7 +229,7 @@ def _member_plan(
     if eval_anchor:
         for p in range(num_prompts):
             root = p if init_same_noise else root_prompt.index(p)
-            anchor = _anchor_edges(num_steps, store=False)
+            anchor = anchor_edges(num_steps, store=False)
             leaves.append(Leaf(root=root, prompt=p, edges=anchor, kind="anchor", coords=(p,)))
     return RolloutPlan(
         algorithm=algorithm,
@@ -472,6 +404,10 @@ def _method_plan(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan
     if algo.name == "branchgrpo":
         o = algo.branchgrpo
         return branchgrpo_plan(P, T, o.split_steps, eta=s.eta, prune_depths=o.prune_depths)
+    if algo.name == "treegrpo":
+        o = algo.treegrpo
+        start = treegrpo_start(iteration, T, o.depth, o.start, o.slide_every)
+        return treegrpo_plan(P, T, o.depth, start=start, eta=s.eta)
     if algo.name == "tempflow":
         return tempflow_plan(P, T, G, s.sde_steps, eta=s.eta, terminal=s.terminal)
     if algo.name == "flowgrpo_fast":

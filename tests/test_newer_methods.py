@@ -252,7 +252,7 @@ def test_branchgrpo_tree_nfe_and_edges_match_the_docs_count():
     """Splits {0, 3, 6, 9}: 139 node forwards and 154 trained edges per tree at T=16, 203
     and 218 at the official T=20 (newer-methods.md §13, §4g); 16 leaves, SDE on every
     edge, each edge's slot its node's."""
-    from g2rpo.rollout_worker.plan import branchgrpo_plan
+    from g2rpo.rollout_worker.tree_plans import branchgrpo_plan
 
     for steps, nfe, edges in ((16, 139, 154), (20, 203, 218)):
         plan = branchgrpo_plan(2, steps, [0, 3, 6, 9])
@@ -267,7 +267,7 @@ def test_branchgrpo_depth_pruning_trains_fewer_edges_of_the_same_rollout():
     """DepPru: the tree and its noise are unchanged (same NFEs), edges into the pruned
     depths are not trained: at T=16 with splits {0, 3, 6, 9}, pruning depths 11..16
     drops 6 x 16 of the 154 edges."""
-    from g2rpo.rollout_worker.plan import branchgrpo_plan
+    from g2rpo.rollout_worker.tree_plans import branchgrpo_plan
 
     full = branchgrpo_plan(1, 16, [0, 3, 6, 9])
     pruned = branchgrpo_plan(1, 16, [0, 3, 6, 9], prune_depths=[11, 12, 13, 14, 15, 16])
@@ -290,7 +290,7 @@ def test_branchgrpo_advantages_per_depth_known_answer():
     1.5 and 4, normalised with the unbiased std of two values: ∓0.7071 whatever the gap
     (the doc's pitfall 2); the leaves are normalised among themselves."""
     from g2rpo.learner.advantages import plan_advantages
-    from g2rpo.rollout_worker.plan import branchgrpo_plan
+    from g2rpo.rollout_worker.tree_plans import branchgrpo_plan
 
     plan = branchgrpo_plan(1, 2, [0, 1], eval_anchor=False)
     cfg = load_config(

@@ -1,5 +1,6 @@
-"""2 iterations of each newer method (tests/test_newer_methods.py has their math) through
-the Ray path: the session's warm actors, its reward server, the committed world."""
+"""2 iterations of each newer method (tests/test_newer_methods.py and test_treegrpo.py
+have their math) through the Ray path: the session's warm actors, its reward server,
+the committed world."""
 
 from __future__ import annotations
 
@@ -38,6 +39,17 @@ pytestmark = pytest.mark.slow
                 "optim.samples_per_step=12",
             ],
             2 * 2 * 20,
+        ),
+        # TreeGRPO: 2 workers · 2 prompts · 6 edges (a 2-deep window: 2 + 4), the window
+        # one step later in iteration 1
+        (
+            "tree",
+            [
+                "algorithm.name=treegrpo",
+                "algorithm.treegrpo.depth=2",
+                "algorithm.treegrpo.slide_every=1",
+            ],
+            2 * 2 * 6,
         ),
         # DiffusionNFT: its "transitions" are the 2 workers · 2 prompts · G=4 clean samples
         ("nft", ["algorithm.name=nft", "optim.step_mode=accumulate"], 2 * 2 * 4),

@@ -1,0 +1,136 @@
+"""Tree-shaped rollout plans: BranchGRPO's binary tree with SDE on every edge and
+TreeGRPO's ODE trunk with a window of binary SDE splits (``rollout_worker/plan.py``
+has the other methods' builders; the plan itself is ``common/rollout_plan.py``).
+A tree's node below the root has one advantage slot, p·N + node (N nodes per tree);
+``learner/advantages.py`` turns leaf rewards into the nodes' advantages."""
+
+from __future__ import annotations
+
+from ..common.rollout_plan import Edge, Leaf, RolloutPlan, eval_anchors
+
+
+def branchgrpo_plan(
+    num_prompts: int,
+    num_steps: int,
+    split_steps: list[int],
+    *,
+    eta: float = 0.3,
+    prune_depths: list[int] = (),
+    eval_anchor: bool = True,
+) -> RolloutPlan:
+    """BranchGRPO (arXiv 2509.06040; Fredreic1849/BranchGRPO train_branchgrpo_flux.py):
+    one tree per prompt from one noise, SDE on every edge, every node stepped twice (two
+    noise rows) at a split step and once elsewhere: 2^|splits| leaves. Every edge is
+    trained with the advantage of the node it reaches (slot p·N + node, N nodes per tree
+    below the root; ``learner/advantages.py`` gives the per-depth advantages). Depth
+    pruning (BranchGRPO-DepPru): edges into nodes at ``prune_depths`` (1 = the root's
+    children) are sampled as before but not trained."""
+    splits = set(split_steps)
+    if not splits or min(splits) < 0 or max(splits) > num_steps - 1:
+        raise ValueError(f"split steps {sorted(splits)} must lie in [0, T-1={num_steps - 1}]")
+    per_tree = sum(2 ** sum(s <= t for s in splits) for t in range(num_steps))
+    leaves: list[Leaf] = []
+    noise = 0
+    for p in range(num_prompts):
+        paths: list[tuple[Edge, ...]] = [()]
+        node = 0
+        for t in range(num_steps):
+            grown = []
+            for path in paths:
+                for _ in range(2 if t in splits else 1):
+                    slot = p * per_tree + node
+                    trained = t + 1 not in prune_depths
+                    edge = Edge(to=t + 1, noise=noise, trained=trained, adv_slot=slot)
+                    grown.append((*path, edge))
+                    noise += 1
+                    node += 1
+            paths = grown
+        leaves += [
+            Leaf(root=p, prompt=p, edges=path, kind="sample", coords=(p, j))
+            for j, path in enumerate(paths)
+        ]
+    if eval_anchor:
+        leaves += eval_anchors(num_prompts, num_steps)
+    return RolloutPlan(
+        algorithm="branchgrpo",
+        num_steps=num_steps,
+        sde_type="dance",
+        eta=eta,
+        num_prompts=num_prompts,
+        group_size=2 ** len(splits),
+        root_prompt=list(range(num_prompts)),
+        num_noises=noise,
+        leaves=leaves,
+        adv_shape=(num_prompts, per_tree),
+    )
+
+
+def treegrpo_start(iteration: int, num_steps: int, depth: int, start: int, slide_every: int) -> int:
+    """TreeGRPO's first branching step: ``start``, one step later every ``slide_every``
+    iterations (0: never), up to the last start whose window ends before the last step
+    (T−1−depth: the window's last split is step T−2, as MixGRPO's window ends short of
+    σ=0)."""
+    last = num_steps - 1 - depth
+    if depth < 1 or last < 0:
+        raise ValueError(f"a TreeGRPO window of {depth} splits needs num_steps >= {depth + 1}")
+    if not 0 <= start <= last:
+        raise ValueError(f"window start {start} must lie in [0, T-1-depth = {last}]")
+    moves = iteration // slide_every if slide_every > 0 else 0
+    return min(start + moves, last)
+
+
+def treegrpo_plan(
+    num_prompts: int,
+    num_steps: int,
+    depth: int,
+    *,
+    start: int,
+    eta: float = 0.7,
+    eval_anchor: bool = True,
+) -> RolloutPlan:
+    """TreeGRPO (arXiv 2512.08153; its code was not found, newer-methods.md §5 follows a
+    secondary walkthrough): one tree per prompt from one noise, an ODE trunk to step
+    ``start``, then ``depth`` consecutive split steps where every node takes two
+    Flow-GRPO SDE steps (two noise rows), then ODE completion of the 2^depth leaves.
+    Every SDE edge is trained with the advantage of the node it reaches; the two
+    children of a node start from one state, so the learner takes one forward per
+    internal node (2^depth − 1 of them) for its 2^(depth+1) − 2 edges."""
+    if start < 0 or start + depth > num_steps - 1:
+        raise ValueError(
+            f"TreeGRPO window [{start}, {start + depth}) must end before step {num_steps - 1}"
+        )
+    per_tree = 2 ** (depth + 1) - 2
+    leaves: list[Leaf] = []
+    noise = 0
+    trunk = tuple(Edge(to=t) for t in range(1, start + 1))
+    tail = tuple(Edge(to=t) for t in range(start + depth + 1, num_steps + 1))
+    for p in range(num_prompts):
+        paths: list[tuple[Edge, ...]] = [trunk]
+        node = 0
+        for t in range(start, start + depth):
+            grown = []
+            for path in paths:
+                for _ in range(2):
+                    slot = p * per_tree + node
+                    grown.append((*path, Edge(to=t + 1, noise=noise, trained=True, adv_slot=slot)))
+                    noise += 1
+                    node += 1
+            paths = grown
+        leaves += [
+            Leaf(root=p, prompt=p, edges=path + tail, kind="sample", coords=(p, j))
+            for j, path in enumerate(paths)
+        ]
+    if eval_anchor:
+        leaves += eval_anchors(num_prompts, num_steps)
+    return RolloutPlan(
+        algorithm="treegrpo",
+        num_steps=num_steps,
+        sde_type="flow",
+        eta=eta,
+        num_prompts=num_prompts,
+        group_size=2**depth,
+        root_prompt=list(range(num_prompts)),
+        num_noises=noise,
+        leaves=leaves,
+        adv_shape=(num_prompts, per_tree),
+    )
