@@ -81,6 +81,12 @@ class BranchGRPOOptions(Section):
         description="depth pruning (BranchGRPO-DepPru): edges into nodes at these depths (1 = "
         "the root's children, T = the leaves) are rolled out but not trained",
     )
+    split_noise_scale: float = Field(
+        4.0,
+        gt=0,
+        description="std multiplier of the split edges' noise (their tree_split_noise_scale); "
+        "unlike their code, each such edge's log-prob is the density it was drawn from",
+    )
 
 
 class TreeGRPOOptions(Section):

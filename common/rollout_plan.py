@@ -30,6 +30,8 @@ class Edge:
     trained: bool = False  # the step's log-prob enters the loss
     adv_slot: int = -1  # advantage used by this transition (when trained)
     store: bool = False  # the official loop keeps this output (reference mode reuses it)
+    # the step's std times this (BranchGRPO's split noise); its log-prob is that density's
+    noise_scale: float = 1.0
 
     @property
     def stochastic(self) -> bool:

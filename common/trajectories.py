@@ -28,6 +28,14 @@ class Transitions:
     state_index: torch.Tensor  # [M] row of ``states`` each transition starts from
     adv_slot: torch.Tensor  # [M] flat index into the plan's advantage tensor
     old_means: torch.Tensor | None = None  # [M, ...] μ_old of each step (plan.keep_means)
+    noise_scale: torch.Tensor | None = None  # [M] std multiplier of each step (None: all 1)
+
+    def step_std(self, rows: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """The std each of ``rows`` was drawn with: the SDE's ``std`` times the step's
+        noise scale (the same on the rollout and in the learner's recompute)."""
+        if self.noise_scale is None:
+            return std
+        return std * self.noise_scale[rows].to(std.device, std.dtype)
 
     def __len__(self) -> int:
         return int(self.old_log_probs.shape[0])

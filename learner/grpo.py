@@ -99,9 +99,10 @@ def recompute_log_probs(
     sigma_next = sigmas[transitions.next_step[rows]]
     coefs = step_coefficients(sigma, sigma_next, spec.eta, spec.sde_type, spec.grid.sigma_1)
     mean = transition_mean(x[inverse].to(torch.float32), v[inverse].to(torch.float32), coefs)
-    log_prob = gaussian_log_prob(transitions.next_samples[rows].to(device), mean, coefs.std)
+    std = transitions.step_std(rows, coefs.std)
+    log_prob = gaussian_log_prob(transitions.next_samples[rows].to(device), mean, std)
     if spec.sde_type == "cps":  # its KL divides by 2τ² (flow_grpo's exact KL for CPS)
-        g = coefs.std
+        g = std
     else:
         g = diffusion_coefficient(sigma, spec.eta, spec.sde_type, spec.grid.sigma_1)
     return log_prob, mean, g
@@ -217,6 +218,7 @@ def policy_log_ratio(spec, transitions, rows, log_prob, mean):
     sigmas = spec.grid.sigmas
     sigma, sigma_next = sigmas[from_step], sigmas[transitions.next_step[rows]]
     std = step_coefficients(sigma, sigma_next, spec.eta, spec.sde_type, spec.grid.sigma_1).std
+    std = transitions.step_std(rows, std)
     if spec.cps_flow_grpo:
         scale = (2.0 * std**2).to(log_prob.device, log_prob.dtype)
         return (log_prob - old_log_prob.to(log_prob.dtype)) * scale, weights

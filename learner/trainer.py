@@ -82,6 +82,7 @@ def merge(batches: list[Trajectories]) -> tuple[Transitions, dict[str, torch.Ten
                 state_index=t.state_index + s_off,
                 adv_slot=t.adv_slot + a_off,
                 old_means=t.old_means,
+                noise_scale=t.noise_scale,
             )
         )
         conds.append(b.cond)
@@ -91,6 +92,11 @@ def merge(batches: list[Trajectories]) -> tuple[Transitions, dict[str, torch.Ten
 
     def cat(name):
         tensors = [getattr(p, name) for p in parts]
+        if name == "noise_scale" and any(t is not None for t in tensors):  # None: all 1
+            tensors = [
+                torch.ones(len(p), dtype=torch.float64) if t is None else t
+                for p, t in zip(parts, tensors, strict=True)
+            ]
         return None if any(t is None for t in tensors) else torch.cat(tensors)
 
     merged = Transitions(**{f: cat(f) for f in Transitions.__dataclass_fields__})

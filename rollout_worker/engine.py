@@ -62,6 +62,7 @@ class _Record:
     log_prob: torch.Tensor
     adv_slot: int
     mean: torch.Tensor | None = None  # μ_old, when the plan keeps means
+    noise_scale: float = 1.0
 
 
 class RolloutEngine:
@@ -118,6 +119,7 @@ class RolloutEngine:
         coefs = step_coefficients(
             self.sigmas[from_idx], self.sigmas[to_idx], eta, plan.sde_type, float(self.sigmas[1])
         )
+        scale = torch.tensor([e.noise_scale for e in edges], dtype=torch.float64)
         # a CPS step into σ=0 has no noise (τ = σ'·sin(ηπ/2)): deterministic, as the ODE
         stochastic = (noise_rows >= 0) & (coefs.std > 0)
         flat = torch.tensor([e.trained for e in edges]) & ~stochastic
@@ -135,7 +137,7 @@ class RolloutEngine:
             rows_dev = rows.to(x.device)
             eps = sde_noise.index_select(0, noise_rows[rows].to(sde_noise.device))
             eps = eps.to(x.device, torch.float32)
-            std = coefs.std[rows]
+            std = coefs.std[rows] * scale[rows]  # drawn and scored with the same std
             drawn = (
                 mean[rows_dev]
                 + std.to(x.device, torch.float32).reshape(-1, *([1] * (x.ndim - 1))) * eps
@@ -255,6 +257,7 @@ class RolloutEngine:
                             log_prob=log_prob[row],
                             adv_slot=e.adv_slot,
                             mean=means[row].clone() if plan.keep_means else None,
+                            noise_scale=e.noise_scale,
                         )
                     )
             for n in frontier:
@@ -298,6 +301,7 @@ class RolloutEngine:
                             log_prob=log_prob[0],
                             adv_slot=e.adv_slot,
                             mean=means[0] if plan.keep_means else None,
+                            noise_scale=e.noise_scale,
                         )
                     )
                 if e.store:
@@ -347,5 +351,10 @@ def _pack(records: list[_Record], like: torch.Tensor) -> Transitions:
         adv_slot=torch.tensor([r.adv_slot for r in records], **long),
         old_means=(
             stack([r.mean for r in records]) if records and records[0].mean is not None else None
+        ),
+        noise_scale=(
+            torch.tensor([r.noise_scale for r in records], dtype=torch.float64)
+            if any(r.noise_scale != 1.0 for r in records)
+            else None
         ),
     )

@@ -403,7 +403,14 @@ def _method_plan(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan
         return plan
     if algo.name == "branchgrpo":
         o = algo.branchgrpo
-        return branchgrpo_plan(P, T, o.split_steps, eta=s.eta, prune_depths=o.prune_depths)
+        return branchgrpo_plan(
+            P,
+            T,
+            o.split_steps,
+            eta=s.eta,
+            prune_depths=o.prune_depths,
+            split_noise_scale=o.split_noise_scale,
+        )
     if algo.name == "treegrpo":
         o = algo.treegrpo
         start = treegrpo_start(iteration, T, o.depth, o.start, o.slide_every)

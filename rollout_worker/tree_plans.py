@@ -16,6 +16,7 @@ def branchgrpo_plan(
     *,
     eta: float = 0.3,
     prune_depths: list[int] = (),
+    split_noise_scale: float = 1.0,
     eval_anchor: bool = True,
 ) -> RolloutPlan:
     """BranchGRPO (arXiv 2509.06040; Fredreic1849/BranchGRPO train_branchgrpo_flux.py):
@@ -24,7 +25,9 @@ def branchgrpo_plan(
     trained with the advantage of the node it reaches (slot p·N + node, N nodes per tree
     below the root; ``learner/advantages.py`` gives the per-depth advantages). Depth
     pruning (BranchGRPO-DepPru): edges into nodes at ``prune_depths`` (1 = the root's
-    children) are sampled as before but not trained."""
+    children) are sampled as before but not trained. Split edges draw their noise at
+    ``split_noise_scale`` × the SDE's std (their 4.0), and record that density's
+    log-prob (their code scores them at the unscaled std: newer-methods.md §4g.1)."""
     splits = set(split_steps)
     if not splits or min(splits) < 0 or max(splits) > num_steps - 1:
         raise ValueError(f"split steps {sorted(splits)} must lie in [0, T-1={num_steps - 1}]")
@@ -40,7 +43,10 @@ def branchgrpo_plan(
                 for _ in range(2 if t in splits else 1):
                     slot = p * per_tree + node
                     trained = t + 1 not in prune_depths
-                    edge = Edge(to=t + 1, noise=noise, trained=trained, adv_slot=slot)
+                    scale = split_noise_scale if t in splits else 1.0
+                    edge = Edge(
+                        to=t + 1, noise=noise, trained=trained, adv_slot=slot, noise_scale=scale
+                    )
                     grown.append((*path, edge))
                     noise += 1
                     node += 1

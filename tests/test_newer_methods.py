@@ -15,7 +15,7 @@ import torch
 from g2rpo.common.config import ConfigError, load_config
 from g2rpo.common.ppo import ppo_clip_loss
 from g2rpo.common.rollout_plan import algorithm_nfe, tree_nfe
-from g2rpo.common.sde import cps_coefficients, noise_step_weights, sde_step
+from g2rpo.common.sde import cps_coefficients, gaussian_log_prob, noise_step_weights, sde_step
 from g2rpo.rollout_worker.plan import flowgrpo_fast_plan, plan_for, tempflow_plan
 
 F64 = torch.float64
@@ -322,6 +322,45 @@ def test_branchgrpo_advantages_per_depth_known_answer():
         load_config(
             None, ["algorithm.name=branchgrpo", "sampling.group_size=16", "sampling.sde_type=cps"]
         )
+
+
+def test_branchgrpo_split_noise_is_drawn_and_scored_at_its_scale(tiny_flux):
+    """Split edges draw their noise at split_noise_scale × the std (their 4.0) and record
+    the log-prob of that density, so the learner's recompute before any update gives
+    ratio 1 on every edge; at the unscaled std (their code's log-prob: newer-methods.md
+    §4g.1) the split edges' log-probs differ, the chain edges' do not."""
+    from conftest import flux_cond
+    from g2rpo.common.schedules import sampling_grid
+    from g2rpo.common.sde import step_coefficients
+    from g2rpo.learner.grpo import StepSpec, recompute_log_probs
+    from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
+    from g2rpo.rollout_worker.tree_plans import branchgrpo_plan
+
+    plan = branchgrpo_plan(1, 4, [0, 2], eta=0.3, split_noise_scale=4.0, eval_anchor=False)
+    scales = {e.to - 1: e.noise_scale for leaf in plan.leaves for e in leaf.edges}
+    assert scales == {0: 4.0, 1: 1.0, 2: 4.0, 3: 1.0}
+    default = plan_for(
+        load_config(None, ["algorithm.name=branchgrpo", "sampling.group_size=16"]),
+        0,
+        torch.Generator().manual_seed(0),
+    )
+    assert {e.noise_scale for e in default.leaves[0].edges if e.to - 1 in (0, 3, 6, 9)} == {4.0}
+    grid = sampling_grid(4, 3.0)
+    init, sde = draw_noise(plan, (4, 64), torch.Generator().manual_seed(0))
+    tr = RolloutEngine(tiny_flux, grid).run(plan, flux_cond(1), init, sde).transitions
+    rows = torch.arange(len(tr))
+    split = torch.isin(tr.state_step[tr.state_index], torch.tensor([0, 2]))
+    assert tr.noise_scale.tolist() == [4.0 if s else 1.0 for s in split.tolist()]
+    spec = StepSpec(grid=grid, eta=0.3, sde_type="dance")
+    log_prob, mean, _ = recompute_log_probs(tiny_flux, tr, rows, flux_cond(1), spec)
+    torch.testing.assert_close(log_prob, tr.old_log_probs, rtol=0, atol=1e-6)
+    sig = grid.sigmas
+    std = step_coefficients(
+        sig[tr.state_step[tr.state_index]], sig[tr.next_step], 0.3, "dance", float(sig[1])
+    ).std
+    unscaled = gaussian_log_prob(tr.next_samples, mean, std)
+    assert torch.all((unscaled - tr.old_log_probs).abs()[split] > 1e-3)
+    torch.testing.assert_close(unscaled[~split], tr.old_log_probs[~split], rtol=0, atol=1e-6)
 
 
 # ---------------------------------------------------------------------- GRPO-Guard
