@@ -32,25 +32,20 @@ def branchgrpo_plan(
     if not splits or min(splits) < 0 or max(splits) > num_steps - 1:
         raise ValueError(f"split steps {sorted(splits)} must lie in [0, T-1={num_steps - 1}]")
     per_tree = sum(2 ** sum(s <= t for s in splits) for t in range(num_steps))
+    tree = _SDETree(per_tree)
     leaves: list[Leaf] = []
-    noise = 0
     for p in range(num_prompts):
         paths: list[tuple[Edge, ...]] = [()]
-        node = 0
+        tree.new_tree(p)
         for t in range(num_steps):
-            grown = []
-            for path in paths:
-                for _ in range(2 if t in splits else 1):
-                    slot = p * per_tree + node
-                    trained = t + 1 not in prune_depths
-                    scale = split_noise_scale if t in splits else 1.0
-                    edge = Edge(
-                        to=t + 1, noise=noise, trained=trained, adv_slot=slot, noise_scale=scale
-                    )
-                    grown.append((*path, edge))
-                    noise += 1
-                    node += 1
-            paths = grown
+            split = t in splits
+            paths = tree.grow(
+                paths,
+                t,
+                children=2 if split else 1,
+                trained=t + 1 not in prune_depths,
+                noise_scale=split_noise_scale if split else 1.0,
+            )
         leaves += [
             Leaf(root=p, prompt=p, edges=path, kind="sample", coords=(p, j))
             for j, path in enumerate(paths)
@@ -65,7 +60,7 @@ def branchgrpo_plan(
         num_prompts=num_prompts,
         group_size=2 ** len(splits),
         root_prompt=list(range(num_prompts)),
-        num_noises=noise,
+        num_noises=tree.noises,
         leaves=leaves,
         adv_shape=(num_prompts, per_tree),
     )
@@ -106,22 +101,15 @@ def treegrpo_plan(
             f"TreeGRPO window [{start}, {start + depth}) must end before step {num_steps - 1}"
         )
     per_tree = 2 ** (depth + 1) - 2
+    tree = _SDETree(per_tree)
     leaves: list[Leaf] = []
-    noise = 0
     trunk = tuple(Edge(to=t) for t in range(1, start + 1))
     tail = tuple(Edge(to=t) for t in range(start + depth + 1, num_steps + 1))
     for p in range(num_prompts):
         paths: list[tuple[Edge, ...]] = [trunk]
-        node = 0
+        tree.new_tree(p)
         for t in range(start, start + depth):
-            grown = []
-            for path in paths:
-                for _ in range(2):
-                    slot = p * per_tree + node
-                    grown.append((*path, Edge(to=t + 1, noise=noise, trained=True, adv_slot=slot)))
-                    noise += 1
-                    node += 1
-            paths = grown
+            paths = tree.grow(paths, t, children=2, trained=True)
         leaves += [
             Leaf(root=p, prompt=p, edges=path + tail, kind="sample", coords=(p, j))
             for j, path in enumerate(paths)
@@ -136,7 +124,47 @@ def treegrpo_plan(
         num_prompts=num_prompts,
         group_size=2**depth,
         root_prompt=list(range(num_prompts)),
-        num_noises=noise,
+        num_noises=tree.noises,
         leaves=leaves,
         adv_shape=(num_prompts, per_tree),
     )
+
+
+class _SDETree:
+    """Grows the trees of a plan by SDE edges: each new edge takes the next noise row
+    and the next node slot of its prompt's tree (p·N + node)."""
+
+    def __init__(self, nodes_per_tree: int) -> None:
+        self.nodes_per_tree = nodes_per_tree
+        self.noises = 0
+        self.prompt = 0
+        self.node = 0
+
+    def new_tree(self, prompt: int) -> None:
+        self.prompt, self.node = prompt, 0
+
+    def grow(
+        self,
+        paths: list[tuple[Edge, ...]],
+        t: int,
+        *,
+        children: int,
+        trained: bool,
+        noise_scale: float = 1.0,
+    ) -> list[tuple[Edge, ...]]:
+        """Every path extended by ``children`` SDE steps from step t, in path order."""
+        grown = []
+        for path in paths:
+            for _ in range(children):
+                slot = self.prompt * self.nodes_per_tree + self.node
+                edge = Edge(
+                    to=t + 1,
+                    noise=self.noises,
+                    trained=trained,
+                    adv_slot=slot,
+                    noise_scale=noise_scale,
+                )
+                grown.append((*path, edge))
+                self.noises += 1
+                self.node += 1
+        return grown
