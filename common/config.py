@@ -284,6 +284,11 @@ class G2RPOConfig(Section):
         b = self.algorithm.flowgrpo_fast.branch_max
         return self.sampling.num_steps // 2 if b is None else b
 
+    def branch_pruning_active(self, iteration: int) -> bool:
+        """BranchGRPO prunes (depth and width) while iteration <= ⌊prune_until ×
+        run.iterations⌋ (their pruning_step_ratio)."""
+        return iteration <= int(self.run.iterations * self.algorithm.branchgrpo.prune_until)
+
     def reward_weights(self) -> dict[str, float]:
         return {r.name: r.weight for r in self.rewards}
 

@@ -81,6 +81,21 @@ class BranchGRPOOptions(Section):
         description="depth pruning (BranchGRPO-DepPru): edges into nodes at these depths (1 = "
         "the root's children, T = the leaves) are rolled out but not trained",
     )
+    width_pruning: Literal["off", "branch_best", "extremes"] = Field(
+        "off",
+        description="width pruning of the edges after the last split (their width_pruning_mode): "
+        "branch_best keeps the best width_pruning_ratio of each leaf's chain by advantage "
+        "(mode 1), extremes the best and the worst halves of that share over the iteration "
+        "(mode 2)",
+    )
+    width_pruning_ratio: float = Field(0.5, gt=0, le=1, description="the share kept")
+    prune_until: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="depth and width pruning apply while iteration <= prune_until x "
+        "run.iterations (their pruning_step_ratio)",
+    )
     split_noise_scale: float = Field(
         4.0,
         gt=0,

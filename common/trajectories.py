@@ -30,6 +30,24 @@ class Transitions:
     old_means: torch.Tensor | None = None  # [M, ...] μ_old of each step (plan.keep_means)
     noise_scale: torch.Tensor | None = None  # [M] std multiplier of each step (None: all 1)
 
+    def select(self, rows: torch.Tensor) -> Transitions:
+        """These transition rows only (the states stay: the learner forwards only the
+        states its rows start from)."""
+
+        def pick(t):
+            return None if t is None else t[rows]
+
+        return replace(
+            self,
+            next_samples=self.next_samples[rows],
+            next_step=self.next_step[rows],
+            old_log_probs=self.old_log_probs[rows],
+            state_index=self.state_index[rows],
+            adv_slot=self.adv_slot[rows],
+            old_means=pick(self.old_means),
+            noise_scale=pick(self.noise_scale),
+        )
+
     def step_std(self, rows: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
         """The std each of ``rows`` was drawn with: the SDE's ``std`` times the step's
         noise scale (the same on the rollout and in the learner's recompute)."""

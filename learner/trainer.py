@@ -34,6 +34,7 @@ from .checkpoints import (
 from .distributed import SINGLE, RankShare, shard_transformer
 from .grpo import StepSpec, grpo_update
 from .nft import OldPolicy, forward_core_update
+from .tree_pruning import chain_of_slot, width_pruned_rows
 
 
 def trained_state(
@@ -316,12 +317,24 @@ class LearnerCore:
         if self.old is not None:
             return forward_core_update(self, batches, torch.cat(advs), lag)
         transitions, cond = merge(batches)
+        adv = torch.cat(advs)
+        branch = self.cfg.algorithm.branchgrpo
+        if (
+            self.cfg.algorithm.name == "branchgrpo"
+            and branch.width_pruning != "off"
+            and self.cfg.branch_pruning_active(self.iteration)
+        ):
+            chains = chain_of_slot(batches, max(branch.split_steps))
+            chain = torch.tensor([chains.get(int(s), -1) for s in transitions.adv_slot])
+            kept = width_pruned_rows(
+                chain, adv[transitions.adv_slot], branch.width_pruning, branch.width_pruning_ratio
+            )
+            transitions = transitions.select(kept)
         # trajectories arrive on the CPU and stay there: each chunk's states move to the
         # device when recomputed (a whole iteration's would cost GiBs on every rank);
         # the conditioning is small and every chunk indexes it
         device = torch.device(self.cfg.model.device)
         cond = {k: v.to(device) for k, v in cond.items()}
-        adv = torch.cat(advs)
         o = self.cfg.optim
         stats = grpo_update(
             self.velocity,

@@ -408,7 +408,7 @@ def _method_plan(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan
             T,
             o.split_steps,
             eta=s.eta,
-            prune_depths=o.prune_depths,
+            prune_depths=o.prune_depths if cfg.branch_pruning_active(iteration) else (),
             split_noise_scale=o.split_noise_scale,
         )
     if algo.name == "treegrpo":

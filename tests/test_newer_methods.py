@@ -363,6 +363,61 @@ def test_branchgrpo_split_noise_is_drawn_and_scored_at_its_scale(tiny_flux):
     torch.testing.assert_close(unscaled[~split], tr.old_log_probs[~split], rtol=0, atol=1e-6)
 
 
+def test_branchgrpo_width_pruning_keeps_what_their_two_modes_keep():
+    """Chain edges (after the last split) only; rows before it (chain −1) always stay.
+    branch_best (mode 1), ratio ½: per chain max(1, ⌊n/2⌋) best rows, ties to the earlier
+    (shallower) row; extremes (mode 2): k = max(2, ⌊n/2⌋) rows over all chains, ⌊k/2⌋
+    best and the rest from the worst."""
+    from g2rpo.learner.tree_pruning import width_pruned_rows
+
+    chain = torch.tensor([-1, 0, 0, 0, 0, 1, 1, 1, -1])
+    adv = torch.tensor([9.0, 0.5, 0.5, 0.5, 0.5, 1.0, 3.0, 2.0, -9.0])
+    kept = width_pruned_rows(chain, adv, "branch_best", 0.5)
+    assert kept.tolist() == [0, 1, 2, 6, 8]  # chain 0: its first two; chain 1: ⌊1.5⌋ = 1
+    chain = torch.tensor([-1, *([0] * 5), *([1] * 5)])
+    adv = torch.tensor([0.0, *range(10)], dtype=torch.float64)  # rows 1..10 hold 0..9
+    kept = width_pruned_rows(chain, adv, "extremes", 0.5)
+    assert kept.tolist() == [0, 1, 2, 3, 9, 10]  # the worst 3 (0, 1, 2), the best 2 (8, 9)
+    assert width_pruned_rows(chain, adv, "extremes", 0.05).tolist() == [0, 1, 10]  # k >= 2
+
+
+def test_branchgrpo_width_pruning_finds_each_leafs_chain_and_stops_at_prune_until():
+    """T=6, splits {0, 2}: per tree 20 edges, of which the 12 leaving steps 3..5 lie on
+    the 4 leaves' chains (3 each); pruning (depth too) applies while iteration <=
+    ⌊prune_until × run.iterations⌋."""
+    from types import SimpleNamespace
+
+    from g2rpo.learner.tree_pruning import chain_of_slot
+    from g2rpo.rollout_worker.tree_plans import branchgrpo_plan
+
+    plans = [branchgrpo_plan(2, 6, [0, 2]), branchgrpo_plan(1, 6, [0, 2])]
+    chains = chain_of_slot([SimpleNamespace(plan=p) for p in plans], last_split=2)
+    assert len(chains) == 3 * 12 and sorted(set(chains.values())) == list(range(12))
+    assert all(list(chains.values()).count(c) == 3 for c in range(12))
+    assert min(chains) >= 0 and max(chains) < 2 * 20 + 20  # the second plan's slots offset
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=branchgrpo",
+            "algorithm.branchgrpo.split_steps=[0,2]",
+            "algorithm.branchgrpo.prune_depths=[6]",
+            "algorithm.branchgrpo.prune_until=0.5",
+            "sampling.group_size=4",
+            "sampling.num_steps=6",
+            "sampling.sde_steps=[0]",
+            "sampling.prompts_per_worker=1",
+            "run.iterations=10",
+        ],
+    )
+    assert [cfg.branch_pruning_active(i) for i in (0, 5, 6)] == [True, True, False]
+
+    def trained(it):
+        plan = plan_for(cfg, it, torch.Generator().manual_seed(0))
+        return len({e.adv_slot for leaf in plan.leaves for e in leaf.edges if e.trained})
+
+    assert (trained(5), trained(6)) == (20 - 4, 20)  # the 4 edges into depth 6 pruned
+
+
 # ---------------------------------------------------------------------- GRPO-Guard
 
 

@@ -28,17 +28,19 @@ pytestmark = pytest.mark.slow
             ],
             2 * 2 * 4 * 2,
         ),
-        # BranchGRPO: 2 workers · 2 prompts · 20 edges (splits {0, 2} at T=6: 2+2+4+4+4+4)
+        # BranchGRPO: 2 workers · 2 prompts · 20 edges (splits {0, 2} at T=6: 2+2+4+4+4+4),
+        # of which width pruning (branch_best, ½) trains 1 of each leaf's 3 chain edges
         (
             "branch",
             [
                 "algorithm.name=branchgrpo",
                 "algorithm.branchgrpo.split_steps=[0,2]",
+                "algorithm.branchgrpo.width_pruning=branch_best",
                 "sampling.eta=0.3",
                 "optim.step_mode=per_samples",
                 "optim.samples_per_step=12",
             ],
-            2 * 2 * 20,
+            2 * 2 * (20 - 4 * 2),
         ),
         # TreeGRPO: 2 workers · 2 prompts · 6 edges (a 2-deep window: 2 + 4), the window
         # one step later in iteration 1
