@@ -125,6 +125,24 @@ def shuffle_within_groups(adv: torch.Tensor, generator: torch.Generator) -> torc
     return torch.gather(flat, 1, perm.to(flat.device)).reshape(adv.shape)
 
 
+def subtree_means(
+    leaf_values: torch.Tensor, leaf_nodes: list[list[int]], num_nodes: int
+) -> torch.Tensor:
+    """Each node's mean of the values of the leaves below it: BranchGRPO's node reward
+    (of leaf rewards), TreeGRPO's node advantage (of normalised leaf advantages,
+    newer-methods.md §5c). ``leaf_nodes[i]``: the nodes on leaf i's path; returns
+    [num_nodes] float64."""
+    total = torch.zeros(num_nodes, dtype=torch.float64)
+    count = torch.zeros(num_nodes, dtype=torch.float64)
+    v = leaf_values.to(torch.float64)
+    for i, nodes in enumerate(leaf_nodes):
+        total[nodes] += v[i]
+        count[nodes] += 1
+    if torch.any(count == 0):
+        raise ValueError("every node needs a leaf below it")
+    return total / count
+
+
 def tree_depth_advantages(
     leaf_rewards: torch.Tensor,
     leaf_nodes: list[list[int]],
@@ -140,15 +158,7 @@ def tree_depth_advantages(
     unbiased std + eps; zero where a depth has one node or its std < ``min_std``;
     clamped. ``leaf_nodes[i]``: the nodes on leaf i's path; returns [N] float64."""
     num_nodes = len(node_depth)
-    total = torch.zeros(num_nodes, dtype=torch.float64)
-    count = torch.zeros(num_nodes, dtype=torch.float64)
-    r = leaf_rewards.to(torch.float64)
-    for i, nodes in enumerate(leaf_nodes):
-        total[nodes] += r[i]
-        count[nodes] += 1
-    if torch.any(count == 0):
-        raise ValueError("every node needs a leaf below it")
-    node_reward = total / count
+    node_reward = subtree_means(leaf_rewards, leaf_nodes, num_nodes)
     depth = torch.tensor(node_depth)
     adv = torch.zeros(num_nodes, dtype=torch.float64)
     for d in torch.unique(depth):
@@ -161,22 +171,3 @@ def tree_depth_advantages(
             continue
         adv[at] = (vals - vals.mean()) / (std + eps)
     return adv.clamp(-adv_clip, adv_clip)
-
-
-def subtree_mean_advantages(
-    leaf_adv: torch.Tensor, leaf_nodes: list[tuple[list[int], int]], num_nodes: int
-) -> torch.Tensor:
-    """TreeGRPO's node advantages (newer-methods.md §5c, from a secondary walkthrough):
-    A(n) = the mean of A over the leaves below n, i.e. the mean of n's children's A
-    for a full binary window. ``leaf_adv``: [G] normalised leaf advantages;
-    ``leaf_nodes``: for each leaf, the nodes on its path and its column in
-    ``leaf_adv``; returns [num_nodes] float64."""
-    total = torch.zeros(num_nodes, dtype=torch.float64)
-    count = torch.zeros(num_nodes, dtype=torch.float64)
-    a = leaf_adv.to(torch.float64)
-    for nodes, j in leaf_nodes:
-        total[nodes] += a[j]
-        count[nodes] += 1
-    if torch.any(count == 0):
-        raise ValueError("every node needs a leaf below it")
-    return total / count

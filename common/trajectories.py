@@ -4,6 +4,7 @@ rollout workers and the learner; both import it from here."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -85,3 +86,13 @@ class Trajectories:
     nfe_algorithm: int = 0  # of which the algorithm needs (not a baseline's logging anchors)
     leaf_latents: torch.Tensor | None = None  # [leaves, ...] clean latents (plan.keep_leaves)
     timings: dict[str, float] = field(default_factory=dict)
+
+
+def adv_slot_offsets(batches: list[Trajectories]) -> list[int]:
+    """Where each batch's advantage slots start once the batches are merged (their
+    plans' advantage tensors laid end to end, in batch order)."""
+    offsets, total = [], 0
+    for b in batches:
+        offsets.append(total)
+        total += math.prod(b.plan.adv_shape)
+    return offsets

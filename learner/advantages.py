@@ -12,7 +12,7 @@ from ..common.advantages import (
     g2rpo_reward_terms,
     group_normalize,
     shuffle_within_groups,
-    subtree_mean_advantages,
+    subtree_means,
     tree_depth_advantages,
 )
 from ..common.config import G2RPOConfig
@@ -106,34 +106,39 @@ def _flowgrpo_normalised(total: torch.Tensor, opt, *, global_std: bool) -> torch
 
 def _branch_advantages(plan, leaf_rewards, weights, adv_clip: float) -> torch.Tensor:
     """BranchGRPO: the weighted reward of each leaf, then per-depth advantages in each
-    prompt's tree ([P, N]); a node's slot is its edge's adv_slot, its depth the edge's
-    position on the path."""
+    prompt's tree ([P, N]); a node's depth is its edge's position on the path."""
     total = sum(weights[n] * r.double() for n, r in leaf_rewards.items())  # per leaf
     P, N = plan.adv_shape
     out = torch.zeros(P, N, dtype=torch.float64)
     for p in range(P):
-        leaves = [i for i in plan.leaf_indices("sample") if plan.leaves[i].prompt == p]
+        leaves, paths = _tree_paths(plan, p)
         depth = [0] * N
-        paths = []
-        for i in leaves:
-            nodes = [e.adv_slot - p * N for e in plan.leaves[i].edges]
+        for nodes in paths:
             for d, node in enumerate(nodes):
                 depth[node] = d + 1
-            paths.append(nodes)
         out[p] = tree_depth_advantages(total[leaves], paths, depth, adv_clip=adv_clip)
     return out
 
 
 def _subtree_means(plan, leaf_adv: torch.Tensor) -> torch.Tensor:
     """TreeGRPO: each node's advantage is the mean advantage of the leaves below it
-    ([P, G] leaves on their grid → [P, N] nodes; a node's slot is its edge's adv_slot)."""
+    ([P, G] leaves on their grid → [P, N] nodes)."""
     P, N = plan.adv_shape
-    paths = [[] for _ in range(P)]
-    for i in plan.leaf_indices("sample"):
-        leaf = plan.leaves[i]
-        p, j = leaf.coords
-        paths[p].append(([e.adv_slot - p * N for e in leaf.edges if e.trained], j))
-    return torch.stack([subtree_mean_advantages(leaf_adv[p], paths[p], N) for p in range(P)])
+    out = torch.zeros(P, N, dtype=torch.float64)
+    for p in range(P):
+        leaves, paths = _tree_paths(plan, p)
+        columns = [plan.leaves[i].coords[1] for i in leaves]
+        out[p] = subtree_means(leaf_adv[p, columns], paths, N)
+    return out
+
+
+def _tree_paths(plan, p: int) -> tuple[list[int], list[list[int]]]:
+    """Prompt p's sample leaves (plan indices) and, for each, the tree nodes on its path:
+    a node below the root is its SDE edge's advantage slot less p·N (its tree's first)."""
+    N = plan.adv_shape[1]
+    leaves = [i for i in plan.leaf_indices("sample") if plan.leaves[i].prompt == p]
+    paths = [[e.adv_slot - p * N for e in plan.leaves[i].edges if e.adv_slot >= 0] for i in leaves]
+    return leaves, paths
 
 
 def plan_reward_terms(

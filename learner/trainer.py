@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import numpy as np
 import torch
 
 from ..common.advantages import advantage_shares
@@ -20,7 +19,7 @@ from ..common.paths import resolve_path
 from ..common.schedules import sampling_grid
 from ..common.sde import noise_step_weights
 from ..common.seeds import seed_for
-from ..common.trajectories import Trajectories, Transitions
+from ..common.trajectories import Trajectories, Transitions, adv_slot_offsets
 from ..common.weights import weights_checksum
 from .advantages import plan_advantages, plan_reward_terms
 from .checkpoints import (
@@ -69,8 +68,8 @@ class StaleTrajectories(RuntimeError):
 def merge(batches: list[Trajectories]) -> tuple[Transitions, dict[str, torch.Tensor]]:
     """Concatenate workers' transitions, re-indexing states, prompts and advantage slots."""
     parts, conds = [], []
-    s_off = p_off = a_off = 0
-    for b in batches:
+    s_off = p_off = 0
+    for b, a_off in zip(batches, adv_slot_offsets(batches), strict=True):
         t = b.transitions
         parts.append(
             Transitions(
@@ -89,7 +88,6 @@ def merge(batches: list[Trajectories]) -> tuple[Transitions, dict[str, torch.Ten
         conds.append(b.cond)
         s_off += t.states.shape[0]
         p_off += b.plan.num_prompts
-        a_off += int(np.prod(b.plan.adv_shape))
 
     def cat(name):
         tensors = [getattr(p, name) for p in parts]

@@ -5,24 +5,22 @@ and its NFEs are unchanged; the learner's forwards and backwards shrink."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from ..common.trajectories import Trajectories
+from ..common.trajectories import Trajectories, adv_slot_offsets
 
 
 def chain_of_slot(batches: list[Trajectories], last_split: int) -> dict[int, int]:
     """Advantage slot (as ``trainer.merge`` offsets them) → the chain it lies on, for
     every trained edge leaving a step after ``last_split``; a chain is one sample leaf."""
     chains: dict[int, int] = {}
-    offset = chain = 0
-    for b in batches:
+    chain = 0
+    for b, offset in zip(batches, adv_slot_offsets(batches), strict=True):
         for i in b.plan.leaf_indices("sample"):
             for e in b.plan.leaves[i].edges:
                 if e.trained and e.to - 1 > last_split:
                     chains[offset + e.adv_slot] = chain
             chain += 1
-        offset += int(np.prod(b.plan.adv_shape))
     return chains
 
 
