@@ -109,7 +109,9 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(
         cmd += ["--set", o]
     env = session_ray_env()  # the run joins the tests' local Ray
     log = (tmp_path / "train.log").open("w")
-    train = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    train = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_interruptible
+    )
     queries = [*_dashboard().panel_queries(), *(("recording rule", r) for r in _recording_rules())]
     try:
         deadline = time.monotonic() + 600
@@ -139,7 +141,7 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(
         # the alerts are loaded, and a healthy run fires none of them
         rules = prometheus.query("ALERTS")
         assert rules == [], rules
-        _stop(train)  # before the browser: the graph reads what Prometheus stored
+        _stop(train, must_stop=True)  # before the browser: it reads what Prometheus stored
         _screenshot_graph(prometheus.url, tmp_path / "prometheus-graph.png")
     finally:
         _stop(train)
@@ -148,13 +150,22 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(
         reward.stop()
 
 
-def _stop(train: subprocess.Popen) -> None:
+def _interruptible() -> None:
+    """SIGINT back to its default in the child: .ci/run starts this pytest with `&`,
+    and a non-interactive shell's background job inherits SIGINT ignored, so the run
+    would not see _stop's SIGINT and train on until its 120 s kill."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _stop(train: subprocess.Popen, must_stop: bool = False) -> None:
     if train.poll() is None:
         train.send_signal(signal.SIGINT)
         try:
             train.wait(timeout=120)
         except subprocess.TimeoutExpired:
             train.kill()
+            if must_stop:
+                raise AssertionError("the run did not stop on SIGINT within 120 s") from None
 
 
 def _screenshot_graph(url: str, path: Path) -> None:
