@@ -6,10 +6,12 @@ learner packs it into buckets and broadcasts them over the weight group; every
 worker unpacks, verifies and loads), against the floor: one ``ray.put`` +
 ``ray.get`` of the same bytes to one worker. Full weights (float32, and bfloat16 as
 ``model.rollout_weights_dtype`` publishes them) and LoRA adapters, for each model
-size and each number of workers."""
+size and each number of workers. On the Ray cluster RAY_ADDRESS names, else on a
+local one of its own."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -186,7 +188,9 @@ def bench_weights(
         except ValueError as exc:
             raise UsageError(f"--sizes: {exc}") from None
     started = not ray.is_initialized()
-    if started:
+    if started and os.environ.get("RAY_ADDRESS"):  # on the cluster a job would train on
+        ray.init(address="auto", log_to_driver=False, logging_level=logging.WARNING)
+    elif started:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(
             num_cpus=max(counts) + 1,

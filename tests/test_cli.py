@@ -11,8 +11,8 @@ import pytest
 G2RPO = shutil.which("g2rpo") or os.path.join(os.path.dirname(sys.executable), "g2rpo")
 
 
-def run(*args, timeout=300):
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+def run(*args, timeout=300, env=None):
+    env = dict(env or os.environ, HF_HUB_OFFLINE="1")
     return subprocess.run(
         [G2RPO, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
     )
@@ -245,7 +245,9 @@ def test_bench_learner_json():
     assert full["tflops"] > 0 and full["mfu"] is None
 
 
-def test_bench_weights_json():
+def test_bench_weights_json(ray_local):
+    from servers import session_ray_env
+
     out = run(
         "bench",
         "weights",
@@ -259,6 +261,7 @@ def test_bench_weights_json():
         "--lora-rank",
         "2",
         timeout=600,
+        env=session_ray_env(),  # on the session's Ray, as on a cluster: none of its own
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
