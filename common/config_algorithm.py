@@ -254,11 +254,19 @@ def check_method(cfg) -> None:
                 f"{2**o.depth} leaves (algorithm.treegrpo.depth {o.depth})"
             )
     if a.name in FORWARD_PROCESS:
-        t = cfg.train.learner
-        if t.count > 1 or cfg.model.mixed_precision == "fsdp":
+        # a LoRA group's ranks are data-parallel replicas, each with the whole old copy;
+        # FSDP2 shards would need the old copy sharded and swapped with them
+        if cfg.model.mixed_precision == "fsdp":
             raise ValueError(
-                f"algorithm.name {a.name} runs on one unsharded learner for now: set "
-                "train.learner.count to 1 and model.mixed_precision to autocast"
+                f"algorithm.name {a.name} runs on unsharded learners for now: set "
+                "model.mixed_precision to autocast"
+            )
+        if cfg.train.learner.count > 1 and cfg.model.lora is None:
+            raise ValueError(
+                f"algorithm.name {a.name} with train.learner.count "
+                f"{cfg.train.learner.count} needs model.lora (a LoRA group's ranks are "
+                "data-parallel replicas; a full fine-tune's would be FSDP2 shards, not yet "
+                "supported here): set model.lora or train.learner.count 1"
             )
     if a.name == "awm":
         low = 1 if a.awm.strata_from == "after_noise" else 0

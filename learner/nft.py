@@ -27,7 +27,7 @@ import torch
 from ..common.schedules import SamplingGrid
 from ..common.sde import x0_prediction
 from ..common.seeds import seed_for
-from .distributed import total_norm
+from .distributed import SINGLE, RankShare, gather_objects, sum_gradients, total_norm
 
 OldDecay = str  # "linear_to_0_5" | "delayed_linear_to_0_999" | "linear_to_0_3" | "copy"
 
@@ -172,13 +172,19 @@ def forward_process_update(
     reference=None,
     kl_beta: float = 0.0,
     old_kl: float = 0.0,
+    share: RankShare = SINGLE,
 ) -> dict[str, float]:
     """One optimizer step on every (sample, t) pair of an iteration, the forward-process
     family's shared loop: ``latents`` [N, ...] the clean samples, ``prompts`` [N] their
     conditioning rows, ``pair_steps`` [N, K] the grid indices each is noised at (a fresh
     ε per pair from ``generator``); ``per_pair_loss(v_θ, v_old, x_t, x0, ε, t, sample
     rows)`` gives the method's term, plus kl_beta·mean((v_θ − v_ref)²) and
-    old_kl·mean((v_θ − v_old)²)."""
+    old_kl·mean((v_θ − v_old)²). In a (data-parallel) learner group every rank draws
+    the whole iteration's ε, takes ``share``'s contiguous part of the pairs, weights
+    each chunk by its share of all of them and the ranks' gradients are summed: the
+    step one learner takes, up to the order of additions."""
+    if share.sharded:
+        raise ValueError("the forward-process update runs on unsharded learners")
     params = list(parameters)
     device = next(iter(cond.values())).device
     n, per_sample = pair_steps.shape
@@ -189,8 +195,8 @@ def forward_process_update(
     optimizer.zero_grad(set_to_none=True)
     total_loss = total_kl = 0.0
     forwards = 0
-    for lo in range(0, pairs, max_batch):
-        rows = torch.arange(lo, min(lo + max_batch, pairs))
+    every = torch.arange(pairs)
+    for rows in share.chunks(every, every, max_batch):  # each pair its own "state"
         s_rows, k_rows = sample_of[rows], step_of[rows]
         x0 = latents[s_rows].to(device, torch.float32)
         eps = noise[rows].to(device)
@@ -215,6 +221,10 @@ def forward_process_update(
             forwards += len(rows)
         (loss * (len(rows) / pairs)).backward()
         total_loss += float(loss.detach()) * len(rows) / pairs
+    if share.world > 1:  # the group's gradient and numbers: sums over the ranks
+        sum_gradients(params)
+        parts = gather_objects((total_loss, total_kl, forwards))
+        total_loss, total_kl, forwards = (sum(p[i] for p in parts) for i in range(3))
     norm = total_norm(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -294,6 +304,7 @@ def forward_core_update(core, batches, adv: torch.Tensor, lag: int) -> dict:
         reference=core.reference,
         kl_beta=core.kl_beta,
         old_kl=old_kl,
+        share=core.share,
     )
     core.optimizer_steps += stats["optimizer_steps"]
     core.old.soft_update(old_decay(core.optimizer_steps, decay))

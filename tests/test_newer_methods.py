@@ -564,8 +564,14 @@ def test_nft_plan_and_a_learner_update_with_its_old_policy_checkpointed():
     for a, b in zip(again.old.weights, learner.old.weights, strict=True):
         assert torch.equal(a, b)
     assert again.optimizer_steps == 1
-    with pytest.raises(ConfigError, match=r"algorithm\.name nft runs on one unsharded learner"):
+    with pytest.raises(ConfigError, match=r"train\.learner\.count 2 needs model\.lora"):
         load_config(None, ["algorithm.name=nft", "train.learner.count=2"])
+    with pytest.raises(ConfigError, match=r"awm runs on unsharded.*model\.mixed_precision"):
+        load_config(
+            None, ["algorithm.name=awm", "model.mixed_precision=fsdp", "model.dtype=bfloat16"]
+        )
+    # a LoRA group (data-parallel replicas) is fine: tests/test_learner_group.py
+    load_config(None, ["algorithm.name=nft", "train.learner.count=2", "model.lora.rank=4"])
 
 
 def _world_rollout(cfg):
