@@ -12,6 +12,7 @@ from g2rpo.common.shapes import (
 )
 from g2rpo.reward_server.scorers.base import BadInput, Scorer
 from g2rpo.reward_server.scorers.jpeg import JpegCompressibility
+from g2rpo.reward_server.scorers.registry import make_scorer
 from g2rpo.reward_server.scorers.shapes_oracle import ShapesOracle, check_image
 
 
@@ -62,6 +63,26 @@ def test_oracle_is_exact_on_renders_and_near_chance_on_mismatches():
     wrong = oracle.checks(imgs, [specs[i].prompt for i in perm])
     assert np.mean([c.passed for c in wrong]) < 0.03
     assert 0.12 < np.mean([c.shape_ok for c in wrong]) < 0.3  # chance is 1/5
+
+
+def test_strict_pass_is_the_oracles_pass_as_a_zero_one_reward():
+    specs = [all_combinations()[i] for i in range(0, 280, 7)]
+    imgs = render_batch(specs, seed=3)
+    prompts = [s.prompt for s in specs]
+    strict = make_scorer("shapes_strict")
+    assert strict.name == "shapes_strict" and isinstance(strict, Scorer)
+    assert np.array_equal(strict.score(imgs, prompts), np.ones(len(specs), np.float32))
+    # a blank image meets one criterion of three: the oracle gives 1/3, strict 0
+    blank = np.full((1, 32, 32, 3), 245, np.uint8)
+    prompt = ["a red circle on a white background"]
+    assert ShapesOracle().score(blank, prompt)[0] == pytest.approx(1 / 3)
+    assert strict.score(blank, prompt).tolist() == [0.0]
+    perm = np.random.default_rng(0).permutation(len(specs))
+    wrong = [prompts[i] for i in perm]  # mismatched prompts: partial credit or none
+    got, soft = strict.score(imgs, wrong), ShapesOracle().score(imgs, wrong)
+    assert got.dtype == np.float32 and set(got.tolist()) <= {0.0, 1.0}
+    assert ((soft > 0) & (soft < 1)).any()  # partial credit there, and strict gives it none
+    assert np.array_equal(got, (soft == 1.0).astype(np.float32))
 
 
 def test_oracle_on_a_blank_image():

@@ -16,6 +16,12 @@ def _shapes_oracle(**_) -> Scorer:
     return ShapesOracle()
 
 
+def _shapes_strict(**_) -> Scorer:
+    from .shapes_oracle import ShapesStrict
+
+    return ShapesStrict()
+
+
 def _jpeg(quality: int = 95, **_) -> Scorer:
     from .jpeg import JpegCompressibility
 
@@ -57,6 +63,7 @@ def _registry() -> dict[str, Callable[..., Scorer]]:
 
     return {
         "shapes_oracle": _shapes_oracle,
+        "shapes_strict": _shapes_strict,  # the oracle's pass alone: a sparse 0/1 reward
         "jpeg_compressibility": _jpeg,
         "shapes_clip": _clip("shapes_clip", "cosine", DEFAULT_WORLD / "shapes_clip"),
         # DFN5B-CLIP (G²RPO's CLIP reward) once converted: convert-reward dfn5b_clip

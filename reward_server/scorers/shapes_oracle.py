@@ -5,7 +5,8 @@ pixels further than 60 (RGB L2) from it; foreground colour = median of the half 
 the mask furthest from the background, snapped; shape = the template with the best
 IoU after cropping the mask to a square box around its bounding box and resampling
 to 16×16 (templates go through the same crop). Score = fraction of the three
-criteria met, in [0, 1]; a prompt passes when all three are.
+criteria met, in [0, 1]; a prompt passes when all three are. ``shapes_strict`` scores
+that pass alone (1 or 0): the world's sparse reward.
 """
 
 from __future__ import annotations
@@ -124,3 +125,13 @@ class ShapesOracle:
     def checks(self, images, prompts: list[str]) -> list[Check]:
         arr = check_batch(images, prompts)
         return [check_image(img, p) for img, p in zip(arr, prompts, strict=True)]
+
+
+class ShapesStrict(ShapesOracle):
+    """The checker's strict pass as a reward: 1.0 when background, colour and shape all
+    match the prompt, else 0.0 (sparse: most groups early in training are all 0)."""
+
+    name = "shapes_strict"
+
+    def score(self, images, prompts: list[str]) -> np.ndarray:
+        return np.array([c.passed for c in self.checks(images, prompts)], dtype=np.float32)
