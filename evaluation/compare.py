@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -165,8 +166,14 @@ def train_runs(
                     bar.update(1)
                     continue
                 log = (run.run_dir / "train.log").open("a")
+                # a session of its own: a terminal's Ctrl-C reaches this process only,
+                # which stops each run once (a second SIGINT could cut its checkpoint)
                 proc = subprocess.Popen(
-                    _train_command(run, path), stdout=log, stderr=subprocess.STDOUT, env=env
+                    _train_command(run, path),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
                 )
                 running.append((run, proc))
             if running:  # back as soon as the oldest run ends, or in 2 s to update the bar
@@ -187,7 +194,9 @@ def train_runs(
             bar.set_postfix_str(", ".join(_progress_of(r) for r, _ in running))
     except KeyboardInterrupt:
         for _, proc in running:
-            proc.send_signal(2)  # SIGINT: each run checkpoints and can be resumed
+            # SIGTERM, which `g2rpo train` takes as Ctrl-C (and a run started by a
+            # background compare cannot ignore): each checkpoints and can be resumed
+            proc.send_signal(signal.SIGTERM)
         for run, proc in running:
             proc.wait(timeout=120)
             release(run.run_dir)

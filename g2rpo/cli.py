@@ -25,19 +25,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from g2rpo.common.config import load_config
 
         load_config(args.config, args.set)
+    from g2rpo.common.stopping import interrupted_exit_code, sigterm_as_interrupt
     from g2rpo.orchestration.driver import read_metrics, train
 
     try:
-        run_dir = train(
-            args.config,
-            args.set,
-            resume=args.resume,
-            redis_url=args.redis_url,
-            progress=not args.no_progress,
-            max_iterations=args.max_iterations,
-        )
-    except KeyboardInterrupt:
-        return 130
+        with sigterm_as_interrupt():  # `ray job stop`, `kill`: checkpoint, as Ctrl-C does
+            run_dir = train(
+                args.config,
+                args.set,
+                resume=args.resume,
+                redis_url=args.redis_url,
+                progress=not args.no_progress,
+                max_iterations=args.max_iterations,
+            )
+    except KeyboardInterrupt as exc:
+        return interrupted_exit_code(exc)
     rows = read_metrics(run_dir)
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
     print(f"run {run_dir}: {len(rows)} iterations in metrics.jsonl")

@@ -97,13 +97,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         from g2rpo.orchestration.warm_trainer import WarmTrainer
 
         trainer = WarmTrainer()
+    from g2rpo.common.stopping import interrupted_exit_code, sigterm_as_interrupt
+
     try:
-        root = compare(
-            spec, progress=not args.no_progress, train=not args.eval_only, train_one=trainer
-        )
-    except KeyboardInterrupt:
+        with sigterm_as_interrupt():
+            root = compare(
+                spec, progress=not args.no_progress, train=not args.eval_only, train_one=trainer
+            )
+    except KeyboardInterrupt as exc:
         print(f"interrupted; run the same command again to resume {spec.root}")
-        return 130
+        return interrupted_exit_code(exc)
     finally:
         if trainer is not None:
             trainer.close()

@@ -14,6 +14,7 @@ from pathlib import Path
 import ray
 
 from ..common.config import G2RPOConfig
+from ..common.stopping import after_ray_init
 from ..learner.group import LearnerGroup
 from ..reward_server.replicas import RewardSource
 from ..rollout_worker.actor import RolloutWorker
@@ -99,6 +100,7 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None, warm=None) -> RunActor
                 object_store_memory=512 * 2**20,
                 **quiet,
             )
+        after_ray_init()  # SIGTERM checkpoints again, as Ctrl-C does (common/stopping.py)
     t, r, cfg_dict = cfg.train, cfg.train.reward, cfg.model_dump(mode="json")
     learner_opts = t.learner.ray_options()
     worker_opts = t.workers.ray_options()

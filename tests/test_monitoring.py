@@ -109,9 +109,7 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(
         cmd += ["--set", o]
     env = session_ray_env()  # the run joins the tests' local Ray
     log = (tmp_path / "train.log").open("w")
-    train = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_interruptible
-    )
+    train = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     queries = [*_dashboard().panel_queries(), *(("recording rule", r) for r in _recording_rules())]
     try:
         deadline = time.monotonic() + 600
@@ -141,7 +139,15 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(
         # the alerts are loaded, and a healthy run fires none of them
         rules = prometheus.query("ALERTS")
         assert rules == [], rules
-        _stop(train, must_stop=True)  # before the browser: it reads what Prometheus stored
+        # stopped as `ray job stop` or Kubernetes stops it, before the browser (which
+        # reads what Prometheus stored): SIGTERM, taken as Ctrl-C, so the run
+        # checkpoints its last iteration and says how to resume
+        _stop(train, must_stop=True)
+        assert train.returncode == 143, train.returncode
+        said = (tmp_path / "train.log").read_text()
+        done = int(said.split("interrupted after iteration ")[1].split(";")[0])
+        assert f"resume with: g2rpo train --resume {run_dir}" in said, said[-2000:]
+        assert done >= 1 and (run_dir / "checkpoints" / f"it_{done:05d}.pt").is_file()
         _screenshot_graph(prometheus.url, tmp_path / "prometheus-graph.png")
     finally:
         _stop(train)
@@ -150,22 +156,17 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(
         reward.stop()
 
 
-def _interruptible() -> None:
-    """SIGINT back to its default in the child: .ci/run starts this pytest with `&`,
-    and a non-interactive shell's background job inherits SIGINT ignored, so the run
-    would not see _stop's SIGINT and train on until its 120 s kill."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _stop(train: subprocess.Popen, must_stop: bool = False) -> None:
+    """SIGTERM (a background pytest's child would not even see SIGINT: a non-interactive
+    shell starts background jobs, .ci/run's included, with SIGINT ignored)."""
     if train.poll() is None:
-        train.send_signal(signal.SIGINT)
+        train.send_signal(signal.SIGTERM)
         try:
             train.wait(timeout=120)
         except subprocess.TimeoutExpired:
             train.kill()
             if must_stop:
-                raise AssertionError("the run did not stop on SIGINT within 120 s") from None
+                raise AssertionError("the run did not stop on SIGTERM within 120 s") from None
 
 
 def _screenshot_graph(url: str, path: Path) -> None:
