@@ -11,7 +11,6 @@ local one of its own."""
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
@@ -24,6 +23,7 @@ from ..common.flops import best_seconds
 from ..common.flux import build_tiny_flux, count_parameters, tiny_flux_config
 from ..common.lora import add_lora
 from ..common.net import free_address
+from ..common.ray_init import init_ray
 from ..common.weight_sync import WeightGroup, layout_of
 from ..common.weights import load_published, state_nbytes, weights_checksum
 from ..learner.trainer import in_rollout_dtype, trained_state
@@ -188,11 +188,10 @@ def bench_weights(
         except ValueError as exc:
             raise UsageError(f"--sizes: {exc}") from None
     started = not ray.is_initialized()
-    if started and os.environ.get("RAY_ADDRESS"):  # on the cluster a job would train on
-        ray.init(address="auto", log_to_driver=False, logging_level=logging.WARNING)
-    elif started:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(
+    if started:  # on the cluster a job would train on, else a local one
+        if not os.environ.get("RAY_ADDRESS"):
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        init_ray(
             num_cpus=max(counts) + 1,
             include_dashboard=False,
             log_to_driver=False,

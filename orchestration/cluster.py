@@ -14,7 +14,7 @@ from pathlib import Path
 import ray
 
 from ..common.config import G2RPOConfig
-from ..common.stopping import after_ray_init
+from ..common.ray_init import init_ray
 from ..learner.group import LearnerGroup
 from ..reward_server.replicas import RewardSource
 from ..rollout_worker.actor import RolloutWorker
@@ -90,17 +90,13 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None, warm=None) -> RunActor
     first. Whatever was started is stopped again if any of it fails."""
     if not ray.is_initialized():
         # Ray's INFO lines (started, connecting, connected) are not the run's output
-        quiet = dict(log_to_driver=False, logging_level=logging.WARNING)
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(address="auto", **quiet)
-        else:
-            ray.init(
-                **local_cluster_resources(cfg, redis_url),
-                include_dashboard=False,
-                object_store_memory=512 * 2**20,
-                **quiet,
-            )
-        after_ray_init()  # SIGTERM checkpoints again, as Ctrl-C does (common/stopping.py)
+        init_ray(
+            **local_cluster_resources(cfg, redis_url),
+            include_dashboard=False,
+            object_store_memory=512 * 2**20,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
     t, r, cfg_dict = cfg.train, cfg.train.reward, cfg.model_dump(mode="json")
     learner_opts = t.learner.ray_options()
     worker_opts = t.workers.ray_options()
