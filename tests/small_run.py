@@ -79,3 +79,11 @@ def when_rows(run_dir, n: int, act, then_wait: float = 0.0, timeout: float = 600
 def when_first_row(run_dir, act, then_wait: float = 0.3):
     """``when_rows`` after the first iteration, ``then_wait`` s on: early in the next one."""
     return when_rows(run_dir, 1, act, then_wait)
+
+
+def assert_stopped_with_checkpoint(log: str, run_dir) -> None:
+    """A run stopped as Ctrl-C stops it: ``log`` (its output) names the last iteration
+    done and how to resume, and that iteration's checkpoint is on disk."""
+    done = int(log.split("interrupted after iteration ")[1].split(";")[0])
+    assert f"resume with: g2rpo train --resume {run_dir}" in log, log[-2000:]
+    assert done >= 1 and (run_dir / "checkpoints" / f"it_{done:05d}.pt").is_file()

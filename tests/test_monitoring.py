@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 from servers import G2RPO, PrometheusServer, RewardServerProcess, session_ray_env
-from small_run import SMALL_RUN
+from small_run import SMALL_RUN, assert_stopped_with_checkpoint
 
 DEPLOY = Path(__file__).parents[1] / "deploy"
 PROMTOOL = shutil.which("promtool")
@@ -144,10 +144,7 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(
         # checkpoints its last iteration and says how to resume
         _stop(train, must_stop=True)
         assert train.returncode == 143, train.returncode
-        said = (tmp_path / "train.log").read_text()
-        done = int(said.split("interrupted after iteration ")[1].split(";")[0])
-        assert f"resume with: g2rpo train --resume {run_dir}" in said, said[-2000:]
-        assert done >= 1 and (run_dir / "checkpoints" / f"it_{done:05d}.pt").is_file()
+        assert_stopped_with_checkpoint((tmp_path / "train.log").read_text(), run_dir)
         _screenshot_graph(prometheus.url, tmp_path / "prometheus-graph.png")
     finally:
         _stop(train)
