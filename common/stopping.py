@@ -20,7 +20,12 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
+_received: int | None = None  # the last stopping signal since the newest block opened
+
+
 def _raise_terminated(signum, frame) -> None:
+    global _received
+    _received = signum
     raise Terminated(signum)
 
 
@@ -33,7 +38,8 @@ _active = 0  # how many sigterm_as_interrupt blocks are open
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Within the block (main thread only) SIGTERM and SIGHUP raise ``Terminated``."""
-    global _active
+    global _active, _received
+    _received = None
     previous = {s: signal.signal(s, _raise_terminated) for s in STOPPING}
     _active += 1
     try:
@@ -52,5 +58,10 @@ def after_ray_init() -> None:
 
 
 def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
-    """The shell's convention: 128 + the signal's number (SIGTERM 143, SIGINT 130)."""
-    return 128 + (exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
+    """The shell's convention: 128 + the signal's number (SIGTERM 143, SIGINT 130). Ray
+    turns a signal that lands inside ``ray.get`` into a plain ``KeyboardInterrupt``
+    (its interrupted status is re-raised as one), so the signal is also read from what
+    the handler recorded."""
+    if isinstance(exc, Terminated):
+        return 128 + exc.signum
+    return 128 + (_received if _received is not None else signal.SIGINT)

@@ -60,3 +60,42 @@ def test_sigterm_to_a_background_compare_checkpoints_its_run_and_exits_143(
     assert psutil.wait_procs([run], timeout=30)[1] == []  # the run ended with it
     assert_stopped_with_checkpoint((run_dir / "train.log").read_text(), run_dir)
     assert not (run_dir / "finished.json").exists()
+
+
+_SIGTERM_INSIDE_RAY_GET = """
+import os, signal, sys, threading, time
+import ray
+from g2rpo.common.ray_init import init_ray
+from g2rpo.common.stopping import interrupted_exit_code, sigterm_as_interrupt
+
+@ray.remote(num_cpus=0)
+def wait_long():
+    time.sleep(60)
+
+try:
+    with sigterm_as_interrupt():
+        init_ray()
+        ref = wait_long.remote()
+        threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        ray.get(ref)
+except KeyboardInterrupt as exc:
+    print(type(exc).__name__)
+    sys.exit(interrupted_exit_code(exc))
+"""
+
+
+def test_sigterm_landing_inside_ray_get_still_exits_143(ray_local):
+    """Ray re-raises a signal caught while it waits in ``ray.get`` as a plain
+    KeyboardInterrupt, dropping ours; the exit code must still say SIGTERM (CI saw a
+    SIGTERM-stopped `g2rpo train` exit 130 when the signal landed there)."""
+    import sys
+
+    child = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_INSIDE_RAY_GET],
+        env=session_ray_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.stdout.strip() == "KeyboardInterrupt", child.stdout + child.stderr[-2000:]
+    assert child.returncode == 143, child.stderr[-2000:]
