@@ -167,9 +167,11 @@ def calm_group_run(warm, world, scorer_url, tmp_path_factory):
 @pytest.fixture(scope="session")
 def overlapped_run(warm, world, scorer_url, tmp_path_factory):
     """The uninterrupted 4-iteration overlapped run (train.weights.staleness=1, weights
-    by the object store, 1 learner)."""
+    by the object store) of a 2-learner group: the worker-kill test under broadcast
+    weights (tests/test_recovery.py) runs the same group, so one run checks broadcasts
+    from a sharded group and from an overlapped iteration."""
     from small_run import small_train
 
     out = tmp_path_factory.mktemp("overlap")
-    overlapped = ["train.weights.staleness=1"]
+    overlapped = ["train.weights.staleness=1", "train.learner.count=2"]
     return small_train(world, out, "overlap", 4, overlapped, reward_url=scorer_url, warm=warm)

@@ -18,8 +18,13 @@ SMALL_RUN = [
     "rewards=[{name: shapes_clip}]",
 ]
 
-# conftest's overlapped run, its weights broadcast by the workers' collective group
-OVERLAPPED_BROADCAST = ["train.weights.staleness=1", "train.weights.transport=collective"]
+# conftest's overlapped run (a 2-learner group), its weights broadcast by the workers'
+# collective group
+OVERLAPPED_BROADCAST = [
+    "train.weights.staleness=1",
+    "train.learner.count=2",
+    "train.weights.transport=collective",
+]
 
 
 def small_train(world, out, name, iterations, extra=(), *, reward_url=None, **kw):

@@ -123,21 +123,24 @@ def test_redis_discovery_status_and_export_with_redis_stopped_mid_run(warm, worl
 
 @pytest.fixture(scope="module")
 def calm_overlapped(overlapped_run):
-    """The uninterrupted overlapped run (1 learner, weights by the object store, conftest)."""
+    """The uninterrupted overlapped run (a 2-learner group, weights by the object store,
+    conftest)."""
     return read_metrics(overlapped_run)
 
 
 def test_worker_killed_under_broadcast_weights_with_staleness_one(
     calm_overlapped, warm, world, scorer_url, tmp_path
 ):
-    """train.weights.staleness=1 with train.weights.transport=collective: each version is
-    broadcast while the next rollout may still run (the broadcast waits for the workers
-    to be idle). A rollout worker SIGKILLed early in iteration 1 (while it rolls out on
-    v0 beside the update) is restarted by Ray, loads the version its share was sampled
-    with and redoes it, then the newest; the broadcast group is formed again with it.
-    Every version and checksum check holds (a mismatch ends the run), and the run
-    computes exactly what the calm overlapped run with weights by the object store
-    did: no iteration lost or trained twice, whatever carried the weights."""
+    """train.weights.staleness=1 with train.weights.transport=collective, in a 2-learner
+    group (FSDP2 over gloo: the full weights gathered from both ranks are broadcast):
+    each version is broadcast while the next rollout may still run (the broadcast waits
+    for the workers to be idle). A rollout worker SIGKILLed early in iteration 1 (while
+    it rolls out on v0 beside the update) is restarted by Ray, loads the version its
+    share was sampled with and redoes it, then the newest; the broadcast group is formed
+    again with it. Every version and checksum check holds (a mismatch ends the run), and
+    the run computes exactly what the calm overlapped run with weights by the object
+    store did: no iteration lost or trained twice, whatever carried the weights. (This
+    test took in test_training_group.py's worker killed under broadcast weights.)"""
 
     def kill(record):
         pid = record["rollout_workers"][1]
@@ -150,7 +153,9 @@ def test_worker_killed_under_broadcast_weights_with_staleness_one(
     )
     thread.join(timeout=5)
     assert "pid" in killed
-    assert json.loads((run / "actors.json").read_text())["rollout_workers"][1] != killed["pid"]
+    actors = json.loads((run / "actors.json").read_text())
+    assert actors["rollout_workers"][1] != killed["pid"]  # Ray restarted it
+    assert len(actors["learners"]) == 2
     rows = read_metrics(run)
     assert (run / "finished.json").is_file()
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3]

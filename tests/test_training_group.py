@@ -1,7 +1,7 @@
 """Training with a learner group of 2 (FSDP2 over gloo) on a real local Ray: exact
-resume, resume on another number of learners, and the fault tests (a rollout worker
-killed under broadcast weights, a worker frozen past the rollout timeout, in the run
-that is then resumed) against a calm run of the same group."""
+resume, resume on another number of learners, and a worker frozen past the rollout
+timeout in the run that is then resumed, against a calm run of the same group. (A
+rollout worker killed under broadcast weights in a group: tests/test_recovery.py.)"""
 
 import json
 import os
@@ -99,28 +99,3 @@ def test_frozen_worker_restarted_then_resumed_exactly_and_on_one_learner(
     assert rows[2]["ratio_max"] == pytest.approx(calm[2]["ratio_max"], rel=1e-5)
     assert (alone / "checkpoints" / "it_00003.pt").is_file()
     assert (alone / "final" / "transformer").is_dir()
-
-
-def test_worker_killed_under_broadcast_weights_changes_nothing(
-    calm, warm, world, scorer_url, tmp_path
-):
-    """A rollout worker killed in a 2-learner run whose weights travel by broadcast:
-    Ray restarts it, the broadcast group is formed again with it, its share is redone,
-    and the run computes exactly what the calm run did."""
-
-    def kill(record):
-        pid = record["rollout_workers"][1]
-        os.kill(pid, signal.SIGKILL)
-        return {"pid": pid}
-
-    thread, killed = when_first_row(tmp_path / "killed", kill)
-    collective = ["train.weights.transport=collective"]
-    run = _run(world, tmp_path, "killed", 3, collective, reward_url=scorer_url, warm=warm)
-    thread.join(timeout=5)
-    assert "pid" in killed
-    record = json.loads((run / "actors.json").read_text())
-    assert record["rollout_workers"][1] != killed["pid"]  # Ray restarted it
-    rows = read_metrics(run)
-    assert rows[0]["weights_via"] == "collective"
-    assert rows[-1]["weight_groups_formed"] == 2  # the first group, then one with the new actor
-    assert _strip(rows) == calm
