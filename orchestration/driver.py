@@ -12,7 +12,6 @@ a redone rollout or a resumed run reproduces itself."""
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -83,7 +82,9 @@ class TrainingLoop:
     next_rollout: PendingRollout | None = None  # weights.staleness >= 1: started beside the update
     published: Published | None = None
     learner_restarts: int = 0  # learner groups formed again in this run (recovery.py)
-    curves_drawn_at: float = -math.inf  # time.monotonic() of the last curves.png
+    # time.monotonic() of the last curves.png, or of the start: the first is drawn a minute
+    # in (a run shorter than that draws it once, at its end)
+    curves_drawn_at: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.budget = Budget(self.cfg.run.nfe_budget)
@@ -228,7 +229,7 @@ class TrainingLoop:
         self.actors.learner.save(str(checkpoint_path(self.run_dir, done, sharded)))
         prune_checkpoints(self.run_dir, self.cfg)
         # curves.png at the session's last checkpoint, and at most once a minute before:
-        # a redraw is 0.7 s of driver time on 2 cores, half a tiny-world iteration
+        # a redraw is 0.5 s of driver time on 2 cores, a quarter of a tiny-world iteration
         now = time.monotonic()
         if last or now - self.curves_drawn_at >= CURVES_EVERY_S:
             draw_curves(self.run_dir, self.cfg.run.name)

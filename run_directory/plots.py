@@ -87,7 +87,10 @@ def plot_curves(rows: list[dict], path: str | Path, title: str = "") -> Path:
     if not rows:
         raise ValueError("no metrics rows to plot")
     plt = pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+    # fixed margins: constrained layout looked the same at this size and cost 0.3 s of
+    # the 0.75 s a draw took (each run draws it at least once)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    fig.subplots_adjust(left=0.06, right=0.94, bottom=0.08, top=0.91, wspace=0.28, hspace=0.32)
     draw_rewards(axes[0][0], rows)
     draw_ratio(axes[0][1], rows)
     draw_loss(axes[1][0], rows)

@@ -27,97 +27,6 @@ def _strip(rows, *also):
     ]
 
 
-def test_redis_discovery_status_and_export_with_redis_stopped_mid_run(warm, world, tmp_path):
-    """Reward replicas are found in Redis, the run's status goes there and its metrics
-    are exported for Prometheus (scraped after the first row). Redis is stopped after
-    iteration 1 and started again, empty (no persistence), two iterations later: the
-    workers keep scoring on the replica Redis listed last, `g2rpo status` reads the
-    run directory meanwhile, the replica registers again, every iteration's row is in
-    metrics.jsonl once, and the run's stream in Redis is whole again (rebuilt from
-    metrics.jsonl), each iteration once: `g2rpo status NAME` reads it from Redis."""
-    import httpx
-    import redis as redis_py
-    from g2rpo.orchestration.telemetry import STREAM_KEY, read_status
-
-    redis = RedisServer()
-    server = RewardServerProcess(
-        "--scorers", f"shapes_clip={world / 'shapes_clip'}", "--redis-url", redis.url
-    )
-    run_dir = tmp_path / "outage"
-    seen: dict = {}
-
-    def outage(record):
-        redis.stop()
-        seen["stopped_after"] = len(read_metrics(run_dir))
-        seen["status"] = read_status(str(run_dir), redis.url)  # from the run directory
-        cli = subprocess.run(
-            [G2RPO, "status", str(run_dir), "--redis-url", redis.url],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        seen["cli"] = (cli.returncode, cli.stdout, cli.stderr)
-        deadline = time.monotonic() + 600
-        while len(read_metrics(run_dir)) < seen["stopped_after"] + 2:  # trains on without it
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        seen["restarted_after"] = len(read_metrics(run_dir))
-        redis.start()
-        return {}
-
-    def scrape(record):
-        port = int((run_dir / "metrics_port").read_text())
-        return {"text": httpx.get(f"http://127.0.0.1:{port}/metrics").text}
-
-    thread, _ = when_rows(run_dir, 2, outage)
-    scraper, scraped = when_rows(run_dir, 1, scrape)
-    try:
-        small_train(
-            world,
-            tmp_path,
-            "outage",
-            6,
-            ["train.reward.replicas=0", "train.checkpoints.every=100", "train.metrics.port=0"],
-            redis_url=redis.url,
-            warm=warm,
-        )
-        thread.join(timeout=30)
-        scraper.join(timeout=30)
-        text = scraped["text"]
-        assert "g2rpo_train_iteration 0.0" in text
-        assert 'g2rpo_train_reward{reward="shapes_clip"}' in text
-        assert "g2rpo_train_model_evaluations_total" in text
-        assert 'g2rpo_train_phase_seconds{phase="rollout"}' in text
-        assert "g2rpo_train_weight_lag 0.0" in text
-        assert "g2rpo_train_weight_broadcast_failures_total 0.0" in text
-        rows = read_metrics(run_dir)
-        assert [r["iteration"] for r in rows] == [0, 1, 2, 3, 4, 5]
-        assert all(r["transitions"] == 2 * 2 * 2 * 4 for r in rows)  # every prompt's share
-        assert (run_dir / "finished.json").is_file()
-        assert seen["stopped_after"] >= 2 and seen["restarted_after"] < 6, seen
-        status = seen["status"]
-        assert "redis_error" in status and status["run_dir"] == str(run_dir)
-        assert status["iterations"] >= seen["stopped_after"]
-        code, out, err = seen["cli"]
-        assert code == 0 and "Redis did not answer" in err and "last iteration" in out, seen["cli"]
-
-        client = redis_py.Redis.from_url(redis.url)
-        stream = client.xrange(STREAM_KEY.format(name="outage"))
-        assert [json.loads(f[b"row"])["iteration"] for _, f in stream] == [0, 1, 2, 3, 4, 5]
-        live = read_status("outage", redis.url)
-        assert live["state"] == "finished" and live["last"]["iteration"] == 5
-        assert client.keys("g2rpo:replicas:*")  # the replica registered again
-        cli = [G2RPO, "status", "outage", "--redis-url", redis.url, "--json"]
-        state = json.loads(subprocess.run(cli, capture_output=True, text=True, check=True).stdout)
-        assert state["state"] == "finished" and state["last"]["iteration"] == 5
-        assert state["iterations_in_stream"] == 6
-        disk = subprocess.run([G2RPO, "status", str(run_dir)], capture_output=True, text=True)
-        assert "last iteration 5" in disk.stdout and "it_00006.pt" in disk.stdout, disk
-    finally:
-        server.stop()
-        redis.stop()
-
-
 # ------------------------------------------- a rollout worker killed, overlapped
 
 
@@ -258,3 +167,100 @@ def test_learner_rank_death_stops_the_run_then_is_recovered_on_resume(
     assert "formed again" in err
     assert "Traceback" not in err and "Unhandled error" not in err, err
     assert (run_dir / "finished.json").is_file()
+
+
+# ------------------------------------------------------ Redis stopped mid-run
+# (last: a 1-learner run after the 2-learner ones above, as the files after this one train;
+# the warm pool keeps the last run's learner group only, so runs of one group size go
+# side by side)
+
+
+def test_redis_discovery_status_and_export_with_redis_stopped_mid_run(warm, world, tmp_path):
+    """Reward replicas are found in Redis, the run's status goes there and its metrics
+    are exported for Prometheus (scraped after the first row). Redis is stopped after
+    iteration 1 and started again, empty (no persistence), two iterations later: the
+    workers keep scoring on the replica Redis listed last, `g2rpo status` reads the
+    run directory meanwhile, the replica registers again, every iteration's row is in
+    metrics.jsonl once, and the run's stream in Redis is whole again (rebuilt from
+    metrics.jsonl), each iteration once: `g2rpo status NAME` reads it from Redis."""
+    import httpx
+    import redis as redis_py
+    from g2rpo.orchestration.telemetry import STREAM_KEY, read_status
+
+    redis = RedisServer()
+    server = RewardServerProcess(
+        "--scorers", f"shapes_clip={world / 'shapes_clip'}", "--redis-url", redis.url
+    )
+    run_dir = tmp_path / "outage"
+    seen: dict = {}
+
+    def outage(record):
+        redis.stop()
+        seen["stopped_after"] = len(read_metrics(run_dir))
+        seen["status"] = read_status(str(run_dir), redis.url)  # from the run directory
+        cli = subprocess.run(
+            [G2RPO, "status", str(run_dir), "--redis-url", redis.url],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        seen["cli"] = (cli.returncode, cli.stdout, cli.stderr)
+        deadline = time.monotonic() + 600
+        while len(read_metrics(run_dir)) < seen["stopped_after"] + 2:  # trains on without it
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        seen["restarted_after"] = len(read_metrics(run_dir))
+        redis.start()
+        return {}
+
+    def scrape(record):
+        port = int((run_dir / "metrics_port").read_text())
+        return {"text": httpx.get(f"http://127.0.0.1:{port}/metrics").text}
+
+    thread, _ = when_rows(run_dir, 2, outage)
+    scraper, scraped = when_rows(run_dir, 1, scrape)
+    try:
+        small_train(
+            world,
+            tmp_path,
+            "outage",
+            6,
+            ["train.reward.replicas=0", "train.checkpoints.every=100", "train.metrics.port=0"],
+            redis_url=redis.url,
+            warm=warm,
+        )
+        thread.join(timeout=30)
+        scraper.join(timeout=30)
+        text = scraped["text"]
+        assert "g2rpo_train_iteration 0.0" in text
+        assert 'g2rpo_train_reward{reward="shapes_clip"}' in text
+        assert "g2rpo_train_model_evaluations_total" in text
+        assert 'g2rpo_train_phase_seconds{phase="rollout"}' in text
+        assert "g2rpo_train_weight_lag 0.0" in text
+        assert "g2rpo_train_weight_broadcast_failures_total 0.0" in text
+        rows = read_metrics(run_dir)
+        assert [r["iteration"] for r in rows] == [0, 1, 2, 3, 4, 5]
+        assert all(r["transitions"] == 2 * 2 * 2 * 4 for r in rows)  # every prompt's share
+        assert (run_dir / "finished.json").is_file()
+        assert seen["stopped_after"] >= 2 and seen["restarted_after"] < 6, seen
+        status = seen["status"]
+        assert "redis_error" in status and status["run_dir"] == str(run_dir)
+        assert status["iterations"] >= seen["stopped_after"]
+        code, out, err = seen["cli"]
+        assert code == 0 and "Redis did not answer" in err and "last iteration" in out, seen["cli"]
+
+        client = redis_py.Redis.from_url(redis.url)
+        stream = client.xrange(STREAM_KEY.format(name="outage"))
+        assert [json.loads(f[b"row"])["iteration"] for _, f in stream] == [0, 1, 2, 3, 4, 5]
+        live = read_status("outage", redis.url)
+        assert live["state"] == "finished" and live["last"]["iteration"] == 5
+        assert client.keys("g2rpo:replicas:*")  # the replica registered again
+        cli = [G2RPO, "status", "outage", "--redis-url", redis.url, "--json"]
+        state = json.loads(subprocess.run(cli, capture_output=True, text=True, check=True).stdout)
+        assert state["state"] == "finished" and state["last"]["iteration"] == 5
+        assert state["iterations_in_stream"] == 6
+        disk = subprocess.run([G2RPO, "status", str(run_dir)], capture_output=True, text=True)
+        assert "last iteration 5" in disk.stdout and "it_00006.pt" in disk.stdout, disk
+    finally:
+        server.stop()
+        redis.stop()

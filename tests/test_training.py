@@ -50,23 +50,6 @@ def test_three_iterations_with_two_workers(calm_run):
     assert cfg["train"]["workers"]["count"] == 2
 
 
-def test_staleness_one_rolls_out_the_next_iteration_beside_the_update(overlapped_run, calm_run):
-    """train.weights.staleness=1: iteration i+1 is sampled with v_i while the learner updates on
-    iteration i, so from the second iteration on every batch is learned one version
-    late (recorded as weight_lag); the run still trains, evaluates and finishes."""
-    run = overlapped_run
-    rows = read_metrics(run)
-    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
-    assert [r["weight_lag"] for r in rows] == [0, 1, 1, 1]
-    assert [r["version"] for r in rows] == [0, 0, 1, 2]  # the weights that sampled each batch
-    assert all(r["optimizer_steps"] == 2 and "eval/shapes_clip" in r for r in rows)
-    assert (run / "finished.json").is_file() and (run / "final").is_dir()
-    in_order = read_metrics(calm_run)
-    assert [r["weight_lag"] for r in in_order] == [0, 0, 0]
-    # the first iteration is the same computation either way
-    assert _strip([rows[0]])[0]["reward/shapes_clip"] == in_order[0]["reward/shapes_clip"]
-
-
 def test_lora_run_publishes_adapters_and_resumes_exactly(warm, world, scorer_url, tmp_path):
     import json
 
@@ -196,3 +179,22 @@ def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
     train(None, [], resume=run, progress=False, warm=warm)  # nothing left to do: no actor started
     assert "is finished: nothing left to do" in capfd.readouterr().err
     assert len(read_metrics(run)) == 2 and (run / "finished.json").is_file()
+
+
+# last: the overlapped run is a 2-learner group, as the next file's runs are (the warm
+# pool keeps the last run's learner group only)
+def test_staleness_one_rolls_out_the_next_iteration_beside_the_update(overlapped_run, calm_run):
+    """train.weights.staleness=1: iteration i+1 is sampled with v_i while the learner updates on
+    iteration i, so from the second iteration on every batch is learned one version
+    late (recorded as weight_lag); the run still trains, evaluates and finishes."""
+    run = overlapped_run
+    rows = read_metrics(run)
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+    assert [r["weight_lag"] for r in rows] == [0, 1, 1, 1]
+    assert [r["version"] for r in rows] == [0, 0, 1, 2]  # the weights that sampled each batch
+    assert all(r["optimizer_steps"] == 2 and "eval/shapes_clip" in r for r in rows)
+    assert (run / "finished.json").is_file() and (run / "final").is_dir()
+    in_order = read_metrics(calm_run)
+    assert [r["weight_lag"] for r in in_order] == [0, 0, 0]
+    # the first iteration is the same computation either way
+    assert _strip([rows[0]])[0]["reward/shapes_clip"] == in_order[0]["reward/shapes_clip"]
