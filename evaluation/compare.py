@@ -198,8 +198,11 @@ def train_runs(
             # background compare cannot ignore): each checkpoints and can be resumed
             proc.send_signal(signal.SIGTERM)
         for run, proc in running:
-            proc.wait(timeout=120)
+            code = proc.wait(timeout=120)
             release(run.run_dir)
+            # 130/143: it checkpointed its last iteration (common/stopping.py)
+            how = "stopped" if code in (130, 143) else "ended"
+            print(f"{run.name}: {how} (exit {code}), see {run.run_dir}/train.log", file=sys.stderr)
         raise
     finally:
         bar.close()

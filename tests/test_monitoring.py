@@ -2,7 +2,10 @@
 config and rules and runs the alerts' unit tests; Debian's Prometheus, started with
 deploy/'s scrape config (file_sd targets pointed at loopback, intervals shortened to
 1 s), scrapes a real reward server and a real ``g2rpo train`` run that scores through
-it; then every dashboard panel's query and every recording rule must return series."""
+it; then every dashboard panel's query and every recording rule must return series.
+The run is a background ``g2rpo compare``'s (SIGINT ignored, as a script's ``&`` leaves
+it), stopped by SIGTERM: compare passes it on once, the run checkpoints its last
+iteration and says how to resume, and both exit 143 (common/stopping.py)."""
 
 import json
 import shutil
@@ -13,8 +16,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import yaml
+from g2rpo.common.config import dump_config, load_config
 from servers import G2RPO, PrometheusServer, RewardServerProcess, session_ray_env
 from small_run import SMALL_RUN, assert_stopped_with_checkpoint
 
@@ -87,13 +92,9 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(
         json.dumps([{"targets": [f"127.0.0.1:{reward.port}"], "labels": {"replica": "r1"}}])
     )
     prometheus = PrometheusServer(prom_dir / "prometheus.yml", tmp_path / "data")
-    run_dir = tmp_path / "runs" / "monitored"
     overrides = [
         *SMALL_RUN,
         f"model.pretrained={world / 'pipeline'}",
-        f"run.output_dir={tmp_path / 'runs'}",
-        "run.name=monitored",
-        "run.iterations=200",  # stopped once every query has answered
         "train.workers.count=1",  # one process fewer to start than SMALL_RUN's two
         "train.eval.on_actor=false",  # and one more: the held-out evaluation on the worker
         # held-out evaluation at iteration 0 only: no paired change is exported, so
@@ -104,19 +105,39 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(
         "train.metrics.port=0",
         f"train.reward.urls=[{reward.url}]",
     ]
-    cmd = [G2RPO, "train", "--no-progress", "--config", str(DEPLOY.parent / "configs/tiny.yaml")]
-    for o in overrides:
-        cmd += ["--set", o]
-    env = session_ray_env()  # the run joins the tests' local Ray
-    log = (tmp_path / "train.log").open("w")
-    train = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    # the run is started as a script would start a comparison in the background:
+    # `g2rpo compare` (SIGINT ignored, as a non-interactive shell's `&` leaves it), its
+    # one run a `g2rpo train` process of its own joining the tests' local Ray
+    base = load_config(DEPLOY.parent / "configs/tiny.yaml", overrides)
+    (tmp_path / "base.yaml").write_text(dump_config(base))
+    (tmp_path / "spec.yaml").write_text(f"""
+name: watched
+output_dir: {tmp_path / "compare"}
+base_config: {tmp_path / "base.yaml"}
+seeds: [0]
+methods: {{monitored: {{label: G2RPO}}}}
+budget: {{iterations: 200}}
+eval: {{splits: [held_out], prompts_per_split: 4, samples_per_prompt: 2}}
+""")
+    run_dir = tmp_path / "compare" / "watched" / "runs" / "monitored-s0"
+    cmd = [G2RPO, "compare", str(tmp_path / "spec.yaml"), "--no-progress"]
+    compare = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=session_ray_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    run = None  # the run's `g2rpo train`, in a session of its own
     queries = [*_dashboard().panel_queries(), *(("recording rule", r) for r in _recording_rules())]
     try:
         deadline = time.monotonic() + 600
         while not (run_dir / "metrics_port").is_file():
-            assert train.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
+            assert compare.poll() is None, compare.stdout.read()
             assert time.monotonic() < deadline
             time.sleep(0.5)
+        (run,) = psutil.Process(compare.pid).children()
         port = int((run_dir / "metrics_port").read_text())
         (prom_dir / "targets/train.json").write_text(
             json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": {"run": "monitored"}}])
@@ -130,7 +151,7 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(
                 client.score(images, ["a red circle on a blue background"] * 2, ["shapes_clip"])
         missing = {e: t for t, e in queries}
         while missing and time.monotonic() < deadline:
-            assert train.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
+            assert compare.poll() is None, (run_dir / "train.log").read_text()[-3000:]
             for expr in list(missing):
                 if prometheus.query(expr):
                     del missing[expr]
@@ -140,30 +161,38 @@ def test_every_panel_query_and_recording_rule_has_series_from_a_real_scrape(
         rules = prometheus.query("ALERTS")
         assert rules == [], rules
         # stopped as `ray job stop` or Kubernetes stops it, before the browser (which
-        # reads what Prometheus stored): SIGTERM, taken as Ctrl-C, so the run
-        # checkpoints its last iteration and says how to resume
-        _stop(train, must_stop=True)
-        assert train.returncode == 143, train.returncode
-        assert_stopped_with_checkpoint((tmp_path / "train.log").read_text(), run_dir)
+        # reads what Prometheus stored): SIGTERM, taken as Ctrl-C. compare passes it on
+        # once, the run checkpoints its last iteration and says how to resume, and both
+        # exit 143
+        _stop(compare, must_stop=True)
+        out = compare.stdout.read()
+        assert compare.returncode == 143, out
+        assert "interrupted; run the same command again to resume" in out, out
+        assert f"monitored-s0: stopped (exit 143), see {run_dir}/train.log" in out, out
+        assert psutil.wait_procs([run], timeout=30)[1] == []  # the run ended with it
+        assert_stopped_with_checkpoint((run_dir / "train.log").read_text(), run_dir)
+        assert not (run_dir / "finished.json").exists()
         _screenshot_graph(prometheus.url, tmp_path / "prometheus-graph.png")
     finally:
-        _stop(train)
-        log.close()
+        _stop(compare)
+        if run is not None and run.is_running():  # its own session: not reached by that
+            run.kill()
         prometheus.stop()
         reward.stop()
 
 
-def _stop(train: subprocess.Popen, must_stop: bool = False) -> None:
-    """SIGTERM (a background pytest's child would not even see SIGINT: a non-interactive
-    shell starts background jobs, .ci/run's included, with SIGINT ignored)."""
-    if train.poll() is None:
-        train.send_signal(signal.SIGTERM)
+def _stop(proc: subprocess.Popen, must_stop: bool = False) -> None:
+    """SIGTERM (a background job, as this compare and a background pytest's children
+    are, would not even see SIGINT: a non-interactive shell starts background jobs,
+    .ci/run's included, with SIGINT ignored)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
         try:
-            train.wait(timeout=120)
+            proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            train.kill()
+            proc.kill()
             if must_stop:
-                raise AssertionError("the run did not stop on SIGTERM within 120 s") from None
+                raise AssertionError("compare did not stop on SIGTERM within 120 s") from None
 
 
 def _screenshot_graph(url: str, path: Path) -> None:
