@@ -17,9 +17,11 @@ from servers import RayHead
 pytestmark = pytest.mark.slow
 
 
-def test_ray_job_submit_completes_one_iteration(world, tmp_path):
+def test_ray_job_submit_completes_one_iteration(world, scorer_url, tmp_path):
     ray_exe = shutil.which("ray") or os.path.join(os.path.dirname(sys.executable), "ray")
-    head = RayHead(num_cpus=3, log=tmp_path / "head.log")  # a worker, the learner, a replica
+    # a worker and the learner; the job scores through the session's reward server (a
+    # job-started replica: tests/test_placement.py, tests/test_training.py)
+    head = RayHead(num_cpus=2, log=tmp_path / "head.log")
     try:
         work = tmp_path / "job"
         work.mkdir()
@@ -34,7 +36,7 @@ train:
   max_sequence_length: 16
   workers: {{count: 1}}
   eval: {{samples: 2, per_prompt: 2, on_actor: false}}
-  reward: {{scorers: ["shapes_clip={world / "shapes_clip"}"]}}
+  reward: {{urls: ["{scorer_url}"]}}
 """)
         submit = [ray_exe, "job", "submit", "--address", head.dashboard_url]
         submit += ["--working-dir", str(work), "--", g2rpo_executable()]
