@@ -42,11 +42,26 @@ def _batches(cfg, workers: int = 2) -> list[Trajectories]:
     return out
 
 
-def _group(cfg) -> LearnerGroup:
-    group = LearnerGroup(cfg, ActorResources().ray_options())
-    group.form()
-    ray.get(group.ready_refs())
-    return group
+@pytest.fixture(scope="module")
+def group_of(ray_local):
+    """``group_of(cfg)``: a formed learner group of 2 for ``cfg``. The module's tests
+    share two rank processes, reconfigured for each (as a warm run takes them,
+    orchestration/warm_actors.py) instead of two new processes importing torch each."""
+    kept: list = []
+
+    def group_of(cfg) -> LearnerGroup:
+        options, cfg_dict = ActorResources().ray_options(), cfg.model_dump(mode="json")
+        if kept:
+            ray.get([r.reconfigure.remote(cfg_dict, i, 2) for i, r in enumerate(kept)])
+        group = LearnerGroup(cfg, options, list(kept) or None)
+        kept[:] = group.ranks
+        group.form()
+        ray.get(group.ready_refs())
+        return group
+
+    yield group_of
+    for rank in kept:
+        ray.kill(rank, no_restart=True)
 
 
 def _published(group) -> dict[str, torch.Tensor]:
@@ -90,7 +105,7 @@ NFT = ["algorithm.name=nft", "optim.step_mode=accumulate", *LORA]
 
 
 @pytest.mark.parametrize("mode", ["full", "lora", "nft"])
-def test_two_rank_update_equals_one_rank_update(ray_local, world, mode, tmp_path):
+def test_two_rank_update_equals_one_rank_update(group_of, world, mode, tmp_path):
     """Then checkpoints across group sizes, and (full) an update on one prompt of one
     worker, so each SDE step has one state and rank 1 runs only padding passes (it
     must still take part in every collective). nft: DiffusionNFT's forward-process
@@ -100,45 +115,40 @@ def test_two_rank_update_equals_one_rank_update(ray_local, world, mode, tmp_path
     cfg = _cfg(world, *extra)
     batches = _batches(cfg, workers=2)
     one = LearnerCore(cfg)
-    group = _group(_cfg(world, "train.learner.count=2", *extra))
-    try:
-        after_one = _equal_updates(one, group, batches)
-        after_two = _published(group)
-        # checkpoints: the group's read by one learner, one learner's by the group
-        if mode == "full":
-            shards = tmp_path / "it_00001.dcp"
-            group.save(str(shards))
-            assert sorted(p.name for p in shards.glob("*.distcp")) == [
-                "__0_0.distcp",
-                "__1_0.distcp",
-            ]  # each rank wrote its shards
-        else:
-            shards = tmp_path / "it_00001.pt"  # data-parallel replicas: rank 0 writes one file
-            group.save(str(shards))
-        alone = LearnerCore(cfg)
-        assert alone.load(str(shards)) == 1 and alone.version == 1
-        assert _max_diff(alone.trained_state(), after_two) == 0.0
-        moments = [s["exp_avg_sq"] for s in alone.optimizer.state_dict()["state"].values()]
-        reference = [s["exp_avg_sq"] for s in one.optimizer.state_dict()["state"].values()]
-        assert len(moments) == len(reference) == len(one.trainable)
-        assert (
-            max(float((a - b).abs().max()) for a, b in zip(moments, reference, strict=True)) < 1e-9
-        )
+    group = group_of(_cfg(world, "train.learner.count=2", *extra))
+    after_one = _equal_updates(one, group, batches)
+    after_two = _published(group)
+    # checkpoints: the group's read by one learner, one learner's by the group
+    if mode == "full":
+        shards = tmp_path / "it_00001.dcp"
+        group.save(str(shards))
+        assert sorted(p.name for p in shards.glob("*.distcp")) == [
+            "__0_0.distcp",
+            "__1_0.distcp",
+        ]  # each rank wrote its shards
+    else:
+        shards = tmp_path / "it_00001.pt"  # data-parallel replicas: rank 0 writes one file
+        group.save(str(shards))
+    alone = LearnerCore(cfg)
+    assert alone.load(str(shards)) == 1 and alone.version == 1
+    assert _max_diff(alone.trained_state(), after_two) == 0.0
+    moments = [s["exp_avg_sq"] for s in alone.optimizer.state_dict()["state"].values()]
+    reference = [s["exp_avg_sq"] for s in one.optimizer.state_dict()["state"].values()]
+    assert len(moments) == len(reference) == len(one.trainable)
+    assert max(float((a - b).abs().max()) for a, b in zip(moments, reference, strict=True)) < 1e-9
 
-        single = tmp_path / "single.pt"
-        torch.save(one.state_dict(), single)
-        assert group.load(str(single)) == 1
-        assert _max_diff(_published(group), after_one) == 0.0
+    single = tmp_path / "single.pt"
+    torch.save(one.state_dict(), single)
+    assert group.load(str(single)) == 1
+    assert _max_diff(_published(group), after_one) == 0.0
 
-        if mode == "nft":  # the old copy came through both ways: the next update agrees
-            assert alone.optimizer_steps == one.optimizer_steps == 1
-            written = torch.load(shards, weights_only=False)["nft_old"]  # by the group's rank 0
-            assert len(written) == len(alone.old.weights) == len(one.old.weights)
-            for w, a, b in zip(written, alone.old.weights, one.old.weights, strict=True):
-                assert torch.equal(w, a) and float((a - b).abs().max()) <= 1e-5
-            _equal_updates(one, group, [dataclasses.replace(b, version=1) for b in batches])
-        if mode == "full":  # both at v1 with the same optimizer state: the padding update
-            padded = _batches(_cfg(world, "sampling.prompts_per_worker=1"), workers=1)
-            _equal_updates(one, group, [dataclasses.replace(b, version=1) for b in padded])
-    finally:
-        group.kill()
+    if mode == "nft":  # the old copy came through both ways: the next update agrees
+        assert alone.optimizer_steps == one.optimizer_steps == 1
+        written = torch.load(shards, weights_only=False)["nft_old"]  # by the group's rank 0
+        assert len(written) == len(alone.old.weights) == len(one.old.weights)
+        for w, a, b in zip(written, alone.old.weights, one.old.weights, strict=True):
+            assert torch.equal(w, a) and float((a - b).abs().max()) <= 1e-5
+        _equal_updates(one, group, [dataclasses.replace(b, version=1) for b in batches])
+    if mode == "full":  # both at v1 with the same optimizer state: the padding update
+        padded = _batches(_cfg(world, "sampling.prompts_per_worker=1"), workers=1)
+        _equal_updates(one, group, [dataclasses.replace(b, version=1) for b in padded])
