@@ -64,7 +64,10 @@ def _member(rank: int, world: int, address: str, die: bool, results) -> None:
 
 
 def _broadcast(die: bool) -> dict:
-    ctx = mp.get_context("spawn")
+    # each member a fresh process (no thread of pytest's forked): a fork server that
+    # imported torch once forks them, instead of 6 spawned processes importing it each
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "g2rpo.common.weight_sync", __name__])
     results = ctx.Queue()
     address = f"127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_member, args=(r, 3, address, die, results)) for r in range(3)]
