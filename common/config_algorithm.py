@@ -27,6 +27,24 @@ FORWARD_PROCESS = ("nft", "awm")
 ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)
 
 
+class G2RPOOptions(Section):
+    """Which of ``sampling.sde_steps`` branch in an iteration. The paper branches at all
+    of them; a cheaper schedule (issue 23's efficiency frontier) takes
+    ``steps_per_iteration`` of them, drawn afresh each iteration (the same draw on every
+    worker) or a window sliding along them as MixGRPO's does."""
+
+    steps_per_iteration: int | None = Field(
+        None, ge=1, description="SDE steps branched per iteration (default: all sde_steps)"
+    )
+    step_choice: Literal["sampled", "sliding"] = Field(
+        "sampled",
+        description="sampled: a uniform draw without replacement per iteration; sliding: "
+        "consecutive sde_steps entries, one later every slide_every iterations, back to the "
+        "first after the last",
+    )
+    slide_every: int = Field(25, ge=1, description="sliding: iterations per window position")
+
+
 class DanceGRPOOptions(Section):
     timestep_fraction: float = Field(0.6, gt=0, le=1, description="fraction of steps trained")
 
@@ -151,6 +169,7 @@ class AWMOptions(Section):
 
 class AlgorithmConfig(Section):
     name: AlgorithmName = "g2rpo"
+    g2rpo: G2RPOOptions = Field(default_factory=G2RPOOptions)
     dancegrpo: DanceGRPOOptions = Field(default_factory=DanceGRPOOptions)
     flowgrpo: FlowGRPOOptions = Field(default_factory=FlowGRPOOptions)
     mixgrpo: MixGRPOOptions = Field(default_factory=MixGRPOOptions)
@@ -211,6 +230,16 @@ def check_method(cfg) -> None:
             "optim.cps_ratio flow_grpo is flow_grpo's ratio for CPS with PPO's loss: it "
             f"needs sampling.sde_type cps and optim.loss ppo (got {cfg.sde_type()}, "
             f"{cfg.optim.loss})"
+        )
+    per = a.g2rpo.steps_per_iteration
+    if per is not None and a.name != "g2rpo":
+        raise ValueError(
+            f"algorithm.g2rpo.steps_per_iteration is G²RPO's schedule: algorithm.name is {a.name}"
+        )
+    if per is not None and per > len(s.sde_steps):
+        raise ValueError(
+            f"algorithm.g2rpo.steps_per_iteration {per} exceeds the {len(s.sde_steps)} steps "
+            f"of sampling.sde_steps {s.sde_steps}"
         )
     if a.name == "tempflow" and s.granularities != [1]:
         raise ValueError(

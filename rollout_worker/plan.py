@@ -18,6 +18,7 @@ import torch
 from ..common.config_algorithm import FORWARD_PROCESS
 from ..common.rollout_plan import Edge, Leaf, RolloutPlan, anchor_edges, eval_anchors
 from ..common.schedules import Terminal, completion_indices
+from .step_windows import g2rpo_branch_steps, mixgrpo_window
 from .tree_plans import branchgrpo_plan, treegrpo_plan, treegrpo_start
 
 
@@ -313,26 +314,6 @@ def flowgrpo_plan(
     )
 
 
-def mixgrpo_window(
-    iteration: int, num_steps: int, window_size: int, shift_every: int, stride: int, roll_back: bool
-) -> tuple[int, int]:
-    """MixGRPO's progressive window [start, end) as its GRPOTrainingStates moves it:
-    steps range(s, min(s+W, T−2)), so the last stochastic step is T−3; s advances by
-    ``stride`` every ``shift_every`` iterations and, once past T−3, restarts at 0
-    (``roll_back``) or stays at T−3."""
-    last = num_steps - 3
-    if last < 0:
-        raise ValueError(f"MixGRPO needs num_steps >= 3, got {num_steps}")
-    moves = iteration // shift_every
-    if stride == 0:
-        start = 0
-    elif roll_back:
-        start = (moves % (last // stride + 1)) * stride
-    else:
-        start = min(moves * stride, last)
-    return start, min(start + window_size, last + 1)
-
-
 def mixgrpo_plan(
     num_prompts: int,
     num_steps: int,
@@ -378,7 +359,10 @@ def _method_plan(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan
     s, algo = cfg.sampling, cfg.algorithm
     P, T, G = s.prompts_per_worker, s.num_steps, s.group_size
     if algo.name == "g2rpo":
-        return g2rpo_plan(P, T, G, s.sde_steps, s.granularities, eta=s.eta, terminal=s.terminal)
+        o = algo.g2rpo
+        per, choice, every = o.steps_per_iteration, o.step_choice, o.slide_every
+        steps = g2rpo_branch_steps(s.sde_steps, iteration, cfg.run.seed, per, choice, every)
+        return g2rpo_plan(P, T, G, steps, s.granularities, eta=s.eta, terminal=s.terminal)
     if algo.name == "dancegrpo":
         return dancegrpo_plan(
             P,

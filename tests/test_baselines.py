@@ -5,13 +5,8 @@ from conftest import ElementwiseVelocity, toy_cond
 from g2rpo.common.config import load_config
 from g2rpo.common.schedules import sampling_grid
 from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
-from g2rpo.rollout_worker.plan import (
-    dancegrpo_plan,
-    flowgrpo_plan,
-    mixgrpo_plan,
-    mixgrpo_window,
-    plan_for,
-)
+from g2rpo.rollout_worker.plan import dancegrpo_plan, flowgrpo_plan, mixgrpo_plan, plan_for
+from g2rpo.rollout_worker.step_windows import mixgrpo_window
 
 SHAPE = (4, 3)
 
