@@ -83,3 +83,24 @@ def across_seeds(values, *, confidence: float = CONFIDENCE) -> Interval:
         return Interval(mean, mean, mean, int(arr.size))
     half = float(stats.sem(arr) * stats.t.ppf(0.5 + confidence / 2, arr.size - 1))
     return Interval(mean, mean - half, mean + half, int(arr.size))
+
+
+def seeds_to_resolve(values, *, confidence: float = CONFIDENCE, most: int = 10_000) -> int | None:
+    """How many seeds a per-seed difference needs before its t-CI excludes zero, if the
+    seeds went on as these did (same mean, same standard deviation): the smallest n
+    with t(n−1) · sd / √n < |mean|. None when the observed mean is zero (no number of
+    seeds resolves it) or it would take more than ``most``; needs 2 values at least."""
+    from scipy import stats
+
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size < 2:
+        raise ValueError(f"the seed variance needs 2 seeds at least, got {arr.size}")
+    mean, sd = abs(float(arr.mean())), float(arr.std(ddof=1))
+    if sd == 0:
+        return 2 if mean > 0 else None
+    if mean == 0:
+        return None
+    for n in range(2, most + 1):
+        if stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / np.sqrt(n) < mean:
+            return n
+    return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from ..common.stats import across_seeds
+from ..common.stats import across_seeds, seeds_to_resolve
 from ..run_directory.files import finished, read_metrics
 from .compare_spec import CompareSpec, PlannedRun
 
@@ -113,7 +113,11 @@ def _versus_reference(spec, entries, views, splits, metrics) -> dict:
                                 a["views"][view][split]["metrics"][m]["mean"]
                                 - b["views"][view][split]["metrics"][m]["mean"]
                             )
-                    out[method][view][split][m] = _iv(diffs)
+                    iv = _iv(diffs)
+                    if iv is not None and len(diffs) >= 2:
+                        # an unresolved pair: how many seeds its seed variance would need
+                        iv["seeds_to_resolve"] = seeds_to_resolve(diffs)
+                    out[method][view][split][m] = iv
     return out
 
 
@@ -124,6 +128,14 @@ def _cell(iv: dict | None, signed: bool = False, digits: int = 4) -> str:
     if iv["n"] < 2:
         return f.format(iv["mean"])
     return f"{f.format(iv['mean'])} [{f.format(iv['lo'])}, {f.format(iv['hi'])}]"
+
+
+def _versus_cell(iv: dict | None) -> str:
+    cell = _cell(iv, signed=True)
+    if iv and iv["n"] >= 2 and iv["lo"] <= 0 <= iv["hi"]:
+        need = iv.get("seeds_to_resolve")
+        cell += f" ({need} seeds)" if need else " (no number of seeds)"
+    return cell
 
 
 def results_table(results: dict) -> str:
@@ -169,13 +181,16 @@ def results_table(results: dict) -> str:
     ref = results["spec"].get("reference") or next(iter(results["methods"]))
     if results["vs_reference"]:
         label = results["methods"][ref]["label"]
-        out.append(f"### {label} − method (same seed, same eval noise; 95% t-CI over seeds)\n")
+        out.append(
+            f"### {label} − method (same seed, same eval noise; 95% t-CI over seeds; where the "
+            "CI holds zero, the seeds its mean and seed variance would need in brackets)\n"
+        )
         cols = [f"{s} {m}" for s in splits for m in head]
         out.append("| method | view | " + " | ".join(cols) + " |")
         out.append("|---" * (2 + len(cols)) + "|")
         for method, views in results["vs_reference"].items():
             for view, per_split in views.items():
-                cells = [_cell(per_split[s][m], signed=True) for s in splits for m in head]
+                cells = [_versus_cell(per_split[s][m]) for s in splits for m in head]
                 out.append(
                     f"| {results['methods'][method]['label']} | {VIEWS[view]} | "
                     + " | ".join(cells)

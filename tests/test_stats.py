@@ -57,3 +57,17 @@ def test_strict_pass_is_all_three_criteria():
     out = pass_from_scores({"shapes_oracle": [1.0, 2 / 3, 0.0, 1.0], "shapes_clip": [0.9] * 4})
     assert out["shapes_oracle/pass"].tolist() == [1.0, 0.0, 0.0, 1.0]
     assert "shapes_clip/pass" not in out
+
+
+def test_seeds_to_resolve_is_the_first_n_whose_t_interval_excludes_zero():
+    from g2rpo.common.stats import seeds_to_resolve
+
+    # mean 2, sd 1: t(2)·1/√3 = 2.48 > 2, t(3)·1/√4 = 1.59 < 2
+    assert seeds_to_resolve([1.0, 2.0, 3.0]) == 4
+    # mean 0.00833, sd 0.01258: t/√n falls under 0.662 first at n = 12 (t(10)/√11 = 0.635,
+    # t(9)/√10 = 0.672)
+    assert seeds_to_resolve([0.01, -0.005, 0.02]) == 12
+    assert seeds_to_resolve([1.0, -1.0]) is None  # mean 0: never
+    assert seeds_to_resolve([0.2, 0.2]) == 2  # no seed variance
+    with pytest.raises(ValueError, match="2 seeds"):
+        seeds_to_resolve([0.1])

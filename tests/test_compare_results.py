@@ -1,0 +1,40 @@
+"""A comparison's reference − method table from per-seed evaluations (no training):
+the paired t-CI over seeds, and for a pair it cannot resolve, the seeds it would need."""
+
+from pathlib import Path
+
+from g2rpo.evaluation.compare_results import _versus_cell, _versus_reference
+from g2rpo.evaluation.compare_spec import load_spec
+
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+
+
+def _entry(method, seed, value):
+    metrics = {"shapes_clip": {"mean": value}}
+    return {"method": method, "seed": seed, "views": {"budget": {"held_out": {"metrics": metrics}}}}
+
+
+def test_an_unresolved_pair_says_how_many_seeds_its_variance_would_need(tmp_path):
+    (tmp_path / "spec.yaml").write_text(f"""
+name: pair
+base_config: {TINY}
+seeds: [0, 1, 2]
+reference: a
+budget: {{iterations: 2}}
+methods: {{a: {{}}, b: {{}}, c: {{}}}}
+""")
+    spec = load_spec(tmp_path / "spec.yaml")
+    ref = [0.90, 0.95, 0.80]
+    entries = [_entry("a", s, v) for s, v in enumerate(ref)]
+    diffs = zip(ref, [1.0, 2.0, 3.0], strict=True)
+    entries += [_entry("b", s, v - d) for s, (v, d) in enumerate(diffs)]
+    entries += [_entry("c", s, v - 1.0) for s, v in enumerate(ref)]
+    out = _versus_reference(spec, entries, ["budget"], ["held_out"], ["shapes_clip"])
+    b = out["b"]["budget"]["held_out"]["shapes_clip"]
+    # differences 1, 2, 3: mean 2 ± t(2)·1/√3 = 2.484, so zero is inside; 4 seeds would do
+    assert abs(b["mean"] - 2.0) < 1e-12 and b["lo"] < 0 < b["hi"]
+    assert b["seeds_to_resolve"] == 4
+    assert _versus_cell(b) == "+2.0000 [-0.4841, +4.4841] (4 seeds)"
+    # a constant difference is resolved: no bracket
+    c = out["c"]["budget"]["held_out"]["shapes_clip"]
+    assert _versus_cell(c) == "+1.0000 [+1.0000, +1.0000]"
