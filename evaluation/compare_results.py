@@ -14,11 +14,14 @@ VIEWS = {"budget": "at the budget", "at_iterations": "at equal iterations"}
 
 
 def headline_metrics(spec_runs: list[PlannedRun], evaluations: dict) -> list[str]:
-    """The training reward first, then the checker's strict pass rate (if scored)."""
+    """The training reward first, then the checker's strict pass rate and shapes_clip
+    (when scored, and not the training reward itself: shapes_strict is the pass rate)."""
     splits = next(iter(evaluations["runs"].values()))["splits"]
     metrics = (splits.get("held_out") or next(iter(splits.values())))["metrics"]
     main = spec_runs[0].config.rewards[0].name
-    out = [m for m in (main, "shapes_oracle/pass") if m in metrics]
+    same = {"shapes_strict": "shapes_oracle/pass"}.get(main)
+    out = [m for m in (main, "shapes_oracle/pass", "shapes_clip") if m in metrics and m != same]
+    out = list(dict.fromkeys(out))
     return out or sorted(metrics)[:2]
 
 

@@ -38,3 +38,24 @@ methods: {{a: {{}}, b: {{}}, c: {{}}}}
     # a constant difference is resolved: no bracket
     c = out["c"]["budget"]["held_out"]["shapes_clip"]
     assert _versus_cell(c) == "+1.0000 [+1.0000, +1.0000]"
+
+
+def test_headline_of_a_sparse_reward_run_is_its_pass_rate_then_shapes_clip(tmp_path):
+    from g2rpo.evaluation.compare_results import headline_metrics
+    from g2rpo.evaluation.compare_spec import plan_runs
+
+    (tmp_path / "spec.yaml").write_text(f"""
+name: sparse
+base_config: {TINY}
+set:
+  - "rewards=[{{name: shapes_strict}}]"
+  - "train.reward.scorers=[shapes_clip, shapes_oracle, shapes_strict]"
+seeds: [0]
+budget: {{iterations: 2}}
+methods: {{a: {{}}}}
+""")
+    runs = plan_runs(load_spec(tmp_path / "spec.yaml"))
+    metrics = dict.fromkeys(["shapes_clip", "shapes_oracle", "shapes_oracle/pass", "shapes_strict"])
+    evaluations = {"runs": {"a-s0/budget": {"splits": {"held_out": {"metrics": metrics}}}}}
+    # shapes_strict is the checker's pass: not listed twice
+    assert headline_metrics(runs, evaluations) == ["shapes_strict", "shapes_clip"]
