@@ -232,9 +232,18 @@ def check_method(cfg) -> None:
             f"{cfg.optim.loss})"
         )
     per = a.g2rpo.steps_per_iteration
-    if per is not None and a.name != "g2rpo":
+    # by value, not by what was set: a saved config lists every field
+    default = G2RPOOptions()
+    changed = sorted(
+        k for k in G2RPOOptions.model_fields if getattr(a.g2rpo, k) != getattr(default, k)
+    )
+    if changed and a.name != "g2rpo":
+        fields = ", ".join(f"algorithm.g2rpo.{k}" for k in changed)
+        raise ValueError(f"{fields}: G²RPO's schedule, but algorithm.name is {a.name}")
+    if per is None and changed:
         raise ValueError(
-            f"algorithm.g2rpo.steps_per_iteration is G²RPO's schedule: algorithm.name is {a.name}"
+            "algorithm.g2rpo.step_choice and slide_every pick a subset of sampling.sde_steps: "
+            "set algorithm.g2rpo.steps_per_iteration too (without it every step branches)"
         )
     if per is not None and per > len(s.sde_steps):
         raise ValueError(

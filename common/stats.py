@@ -100,7 +100,10 @@ def seeds_to_resolve(values, *, confidence: float = CONFIDENCE, most: int = 10_0
         return 2 if mean > 0 else None
     if mean == 0:
         return None
-    for n in range(2, most + 1):
-        if stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / np.sqrt(n) < mean:
+    q = 0.5 + confidence / 2
+    # t(n−1) > z, so n is at least the normal approximation (z·sd/mean)²: start there
+    start = max(2, int((stats.norm.ppf(q) * sd / mean) ** 2))
+    for n in range(start, most + 1):
+        if stats.t.ppf(q, n - 1) * sd / np.sqrt(n) < mean:
             return n
     return None

@@ -198,10 +198,14 @@ def train_runs(
             # background compare cannot ignore): each checkpoints and can be resumed
             proc.send_signal(signal.SIGTERM)
         for run, proc in running:
-            code = proc.wait(timeout=120)
+            try:
+                code = proc.wait(timeout=120)
+                # 130/143: interrupted as Ctrl-C interrupts it (common/stopping.py)
+                how = "stopped" if code in (130, 143) else "ended"
+            except subprocess.TimeoutExpired:  # no orderly stop: it resumes from an older one
+                proc.kill()
+                code, how = proc.wait(), "killed after 120 s"
             release(run.run_dir)
-            # 130/143: it checkpointed its last iteration (common/stopping.py)
-            how = "stopped" if code in (130, 143) else "ended"
             print(f"{run.name}: {how} (exit {code}), see {run.run_dir}/train.log", file=sys.stderr)
         raise
     finally:

@@ -54,6 +54,8 @@ def summarise_batches(batches, stats: dict) -> dict:
     out["nfe_rollout"] = sum(b.nfe_algorithm for b in batches)
     out["nfe_train"] = out["nfe_rollout"] + stats["nfe_learn"]
     out["weight_versions"] = sorted({b.version for b in batches})
+    if any(b.plan.sde_steps for b in batches):  # which steps branched (a drawn subset varies)
+        out["branch_steps"] = sorted({k for b in batches for k in b.plan.sde_steps})
     return out
 
 

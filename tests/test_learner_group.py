@@ -52,7 +52,12 @@ def group_of(ray_local):
     def group_of(cfg) -> LearnerGroup:
         options, cfg_dict = ActorResources().ray_options(), cfg.model_dump(mode="json")
         if kept:
-            ray.get([r.reconfigure.remote(cfg_dict, i, 2) for i, r in enumerate(kept)])
+            try:
+                ray.get([r.reconfigure.remote(cfg_dict, i, 2) for i, r in enumerate(kept)])
+            except ray.exceptions.RayError:  # an earlier case's failure took them: new ones
+                for rank in kept:
+                    ray.kill(rank, no_restart=True)
+                kept.clear()
         group = LearnerGroup(cfg, options, list(kept) or None)
         kept[:] = group.ranks
         group.form()

@@ -181,18 +181,18 @@ eval: {{splits: [held_out], prompts_per_split: 4, samples_per_prompt: 2}}
         reward.stop()
 
 
-def _stop(proc: subprocess.Popen, must_stop: bool = False) -> None:
+def _stop(proc: subprocess.Popen, must_stop: bool = False, wait_s: float = 180) -> None:
     """SIGTERM (a background job, as this compare and a background pytest's children
     are, would not even see SIGINT: a non-interactive shell starts background jobs,
     .ci/run's included, with SIGINT ignored)."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=120)
+            proc.wait(timeout=wait_s)  # compare waits up to 120 s for its run
         except subprocess.TimeoutExpired:
             proc.kill()
             if must_stop:
-                raise AssertionError("compare did not stop on SIGTERM within 120 s") from None
+                raise AssertionError(f"did not stop on SIGTERM within {wait_s:.0f} s") from None
 
 
 def _screenshot_graph(url: str, path: Path) -> None:

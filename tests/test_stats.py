@@ -64,10 +64,11 @@ def test_seeds_to_resolve_is_the_first_n_whose_t_interval_excludes_zero():
 
     # mean 2, sd 1: t(2)·1/√3 = 2.48 > 2, t(3)·1/√4 = 1.59 < 2
     assert seeds_to_resolve([1.0, 2.0, 3.0]) == 4
-    # mean 0.00833, sd 0.01258: t/√n falls under 0.662 first at n = 12 (t(10)/√11 = 0.635,
-    # t(9)/√10 = 0.672)
+    # mean 0.00833, sd 0.01258: t(n-1)/√n falls under 0.662 first at n = 12 (t(11)/√12 =
+    # 0.635, t(10)/√11 = 0.672)
     assert seeds_to_resolve([0.01, -0.005, 0.02]) == 12
     assert seeds_to_resolve([1.0, -1.0]) is None  # mean 0: never
+    assert seeds_to_resolve([1e-6, -1.0, 1.0]) is None  # more than 10,000
     assert seeds_to_resolve([0.2, 0.2]) == 2  # no seed variance
     with pytest.raises(ValueError, match="2 seeds"):
         seeds_to_resolve([0.1])

@@ -59,8 +59,13 @@ def test_the_plan_branches_at_the_drawn_steps_only_and_costs_less():
     assert algorithm_nfe(one) < algorithm_nfe(full)
 
 
-def test_a_subset_larger_than_the_steps_or_on_another_method_is_refused():
+def test_a_subset_larger_than_the_steps_on_another_method_or_without_a_size_is_refused():
     with pytest.raises(ConfigError, match=r"algorithm.g2rpo.steps_per_iteration 5 exceeds"):
         _cfg("algorithm.g2rpo.steps_per_iteration=5")
-    with pytest.raises(ConfigError, match=r"steps_per_iteration is G²RPO's schedule"):
+    with pytest.raises(ConfigError, match=r"steps_per_iteration: G²RPO's schedule, but"):
         _cfg("algorithm.g2rpo.steps_per_iteration=2", "algorithm.name=dancegrpo")
+    with pytest.raises(ConfigError, match=r"slide_every: G²RPO's schedule, but .* dancegrpo"):
+        _cfg("algorithm.g2rpo.slide_every=5", "algorithm.name=dancegrpo")
+    # a choice without a subset would be silently ignored
+    with pytest.raises(ConfigError, match=r"set algorithm.g2rpo.steps_per_iteration too"):
+        _cfg("algorithm.g2rpo.step_choice=sliding")

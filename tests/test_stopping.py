@@ -45,5 +45,7 @@ def test_sigterm_landing_inside_ray_get_still_exits_143(ray_local):
         text=True,
         timeout=120,
     )
-    assert child.stdout.strip() == "KeyboardInterrupt", child.stdout + child.stderr[-2000:]
+    # Ray's plain KeyboardInterrupt today; ours, should a later Ray pass it through
+    caught = child.stdout.strip()
+    assert caught in ("KeyboardInterrupt", "Terminated"), child.stdout + child.stderr[-2000:]
     assert child.returncode == 143, child.stderr[-2000:]

@@ -38,12 +38,13 @@ def test_three_iterations_with_two_workers(calm_run):
     for r in rows:
         assert r["transitions"] == 2 * 2 * 2 * 4  # workers · prompts · K · G
         assert r["optimizer_steps"] == 2 and 0 <= r["clip_fraction"] <= 1
+        assert r["branch_steps"] == [0, 1]  # every one of sampling.sde_steps (the default)
         for key in ("rollout_s", "reward_s", "learn_s", "weight_push_s", "iteration_s"):
             assert r[f"time/{key}"] >= 0
         assert "reward/shapes_clip/g1" in r and "eval/shapes_clip" in r
     assert (run / "checkpoints" / "it_00003.pt").is_file()
     assert list((run / "samples").glob("*.png"))
-    curves = run / "curves.png"  # the run's curves, drawn again at its last checkpoint
+    curves = run / "curves.png"  # the run's curves, drawn at its last checkpoint
     assert curves.stat().st_size > 10_000
     assert curves.stat().st_mtime >= (run / "checkpoints" / "it_00003.pt").stat().st_mtime
     cfg = yaml.safe_load((run / "config.yaml").read_text())
