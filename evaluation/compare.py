@@ -310,7 +310,8 @@ def _cached(out: Path, settings: EvalSettings) -> bool:
 
 
 def _save_tiles(out: Path, samples: dict[str, SplitSamples]) -> None:
-    """The held-out samples the side-by-side grids show (8 prompts × 3 samples)."""
+    """The samples the side-by-side grids show (8 prompts × 3 samples): held-out ones,
+    or the first split's where held-out is not evaluated (a learning-rate sweep)."""
     import numpy as np
 
     from ..run_directory.grids import spread_rows
@@ -321,6 +322,7 @@ def _save_tiles(out: Path, samples: dict[str, SplitSamples]) -> None:
         out / "tiles.npz",
         tiles=held.tiles(rows, min(3, held.per_prompt)),
         prompts=np.array([held.prompts[r] for r in rows]),
+        split=np.array(held.split),
     )
 
 

@@ -69,7 +69,8 @@ def draw_curves(spec: CompareSpec, runs: list[PlannedRun], metrics: list[str], o
 
 
 def draw_side_by_side(spec: CompareSpec, runs: list[PlannedRun], out: Path) -> Path | None:
-    """Held-out prompts × (truth, base, each method's first seed), fixed noise."""
+    """Held-out (or the evaluated split's) prompts × (truth, base, each method's first
+    seed), fixed noise."""
     from .eval_outputs import truth_tiles
 
     base = out / "base" / "tiles.npz"
@@ -87,6 +88,13 @@ def draw_side_by_side(spec: CompareSpec, runs: list[PlannedRun], out: Path) -> P
         tiles = mine[0].run_dir / "eval" / "budget" / "tiles.npz" if mine else None
         if tiles is not None and tiles.is_file():
             groups.append((f"{spec.label(method)} (seed {mine[0].seed})", np.load(tiles)["tiles"]))
-    return labelled_grid(
-        out / "grid.png", prompts, groups, title="held-out prompts, the same noise in every group"
-    )
+    title = side_by_side_title(data, spec.eval.splits)
+    return labelled_grid(out / "grid.png", prompts, groups, title=title)
+
+
+def side_by_side_title(tiles, splits: list[str]) -> str:
+    """The grid's title names the split its tiles (a loaded tiles.npz) came from; tiles
+    saved before the split was recorded are held-out ones, unless the spec left it out."""
+    held = "held_out" if "held_out" in splits else splits[0]
+    split = str(tiles["split"]) if "split" in tiles.files else held
+    return f"{split.replace('_', '-')} prompts, the same noise in every group"

@@ -93,6 +93,10 @@ def test_compare_trains_evaluates_and_writes_its_files(compared):
     assert "2 iterations in metrics.jsonl" in log, log[-2000:]
     for name in ("reward_vs_nfe.png", "reward_vs_wall.png", "grid.png", "base/eval.json"):
         assert (root / name).stat().st_size > 1_000, name
+    # the grid's tiles say which split they are (its title names it)
+    import numpy as np
+
+    assert str(np.load(root / "base" / "tiles.npz")["split"]) == "held_out"
     # the runs' training-time evaluations end with the final weights' own
     evals = sorted((root / "runs" / "g2rpo-s0" / "evals").glob("*.json"))
     assert evals[-1].name == "it_00002.json"

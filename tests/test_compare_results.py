@@ -59,3 +59,17 @@ methods: {{a: {{}}}}
     evaluations = {"runs": {"a-s0/budget": {"splits": {"held_out": {"metrics": metrics}}}}}
     # shapes_strict is the checker's pass: not listed twice
     assert headline_metrics(runs, evaluations) == ["shapes_strict", "shapes_clip"]
+
+
+def test_the_side_by_side_grid_names_the_split_its_tiles_came_from(tmp_path):
+    import numpy as np
+    from g2rpo.evaluation.compare_plots import side_by_side_title
+
+    tiles = np.zeros((1, 1, 2, 2, 3), np.uint8)
+    np.savez_compressed(tmp_path / "new.npz", tiles=tiles, split=np.array("train"))
+    np.savez_compressed(tmp_path / "old.npz", tiles=tiles)  # saved before the split was
+    new, old = np.load(tmp_path / "new.npz"), np.load(tmp_path / "old.npz")
+    assert side_by_side_title(new, ["train"]).startswith("train prompts")
+    assert side_by_side_title(old, ["held_out", "train"]).startswith("held-out prompts")
+    # a learning-rate sweep evaluates the train split only: not "held-out"
+    assert side_by_side_title(old, ["train"]).startswith("train prompts")
