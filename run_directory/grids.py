@@ -10,6 +10,13 @@ import numpy as np
 
 LABEL_WIDTH = 240
 HEADER = 18
+# PIL's default font has no Greek letters or superscripts (it draws a box): "G²RPO" and
+# "Λ = {1,2}" are written in ASCII on the grids
+_ASCII = str.maketrans({"²": "2", "Λ": "L", "λ": "l", "η": "eta", "Δ": "d", "−": "-", "×": "x"})
+
+
+def _plain(text: str) -> str:
+    return text.translate(_ASCII)
 
 
 def labelled_grid(
@@ -39,17 +46,17 @@ def labelled_grid(
     )
     draw = ImageDraw.Draw(canvas)
     if title:
-        draw.text((6, 3), title, fill="black")
+        draw.text((6, 3), _plain(title), fill="black")
     x0 = LABEL_WIDTH
     for (name, imgs), width in zip(groups, widths, strict=True):
-        draw.text((x0, top - HEADER + 3), name, fill="black")
+        draw.text((x0, top - HEADER + 3), _plain(name), fill="black")
         for r in range(rows):
             for c in range(imgs.shape[1]):
                 tile = Image.fromarray(imgs[r, c]).resize((w * scale, h * scale), Image.NEAREST)
                 canvas.paste(tile, (x0 + c * cell_w, top + r * cell_h))
         x0 += width + gap
     for r, label in enumerate(labels):
-        draw.text((6, top + r * cell_h + cell_h // 2 - 6), label, fill="black")
+        draw.text((6, top + r * cell_h + cell_h // 2 - 6), _plain(label), fill="black")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(path)

@@ -34,3 +34,16 @@ def test_curves_png_is_drawn_from_rows(tmp_path):
 def test_no_rows_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="no metrics rows"):
         plot_curves([], tmp_path / "curves.png")
+
+
+def test_grid_labels_the_default_font_cannot_draw_are_written_in_ascii(tmp_path):
+    """PIL's default font draws a box for "²" or "Λ": a method's label is drawn as the
+    same pixels as its ASCII spelling."""
+    import numpy as np
+    from g2rpo.run_directory.grids import labelled_grid
+    from PIL import Image
+
+    tiles = np.zeros((1, 1, 4, 4, 3), np.uint8)
+    fancy = labelled_grid(tmp_path / "a.png", ["η 0.7"], [("G²RPO, Λ = {2}", tiles)], title="Δ")
+    plain = labelled_grid(tmp_path / "b.png", ["eta 0.7"], [("G2RPO, L = {2}", tiles)], title="d")
+    assert np.array_equal(np.asarray(Image.open(fancy)), np.asarray(Image.open(plain)))
