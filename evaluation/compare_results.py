@@ -139,7 +139,10 @@ def _versus_cell(iv: dict | None) -> str:
     cell = _cell(iv, signed=True)
     if iv and iv["n"] >= 2 and iv["lo"] <= 0 <= iv["hi"]:
         need = iv.get("seeds_to_resolve")
-        cell += f" ({need} seeds)" if need else " (over 10,000 seeds)"
+        if need:
+            cell += f" ({need} seeds)"
+        else:  # seeds_to_resolve: None for a zero mean (never), or past its 10,000
+            cell += " (no number of seeds)" if iv["mean"] == 0 else " (over 10,000 seeds)"
     return cell
 
 

@@ -38,6 +38,11 @@ methods: {{a: {{}}, b: {{}}, c: {{}}}}
     # a constant difference is resolved: no bracket
     c = out["c"]["budget"]["held_out"]["shapes_clip"]
     assert _versus_cell(c) == "+1.0000 [+1.0000, +1.0000]"
+    # two methods that agree on every seed: no number of seeds tells them apart
+    same = {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 3, "seeds_to_resolve": None}
+    assert _versus_cell(same) == "+0.0000 [+0.0000, +0.0000] (no number of seeds)"
+    far = {"mean": 1e-6, "lo": -1.0, "hi": 1.0, "n": 3, "seeds_to_resolve": None}
+    assert _versus_cell(far).endswith("(over 10,000 seeds)")
 
 
 def test_headline_of_a_sparse_reward_run_is_its_pass_rate_then_shapes_clip(tmp_path):
