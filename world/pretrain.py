@@ -32,6 +32,9 @@ class PretrainSettings:
     flow_decay_steps: int
     flow_images: int
     clip_steps: int
+    vae_batch: int = 64
+    flow_batch: int = 128
+    clip_batch: int = 128
 
 
 FULL = PretrainSettings(
@@ -43,14 +46,19 @@ FULL = PretrainSettings(
     clip_steps=600,
 )
 # the layout and code paths of a world in seconds, not its quality (tests): its
-# VAE's latent statistics are taken over its 512 images (a full world's over 2,048)
+# VAE's latent statistics are taken over its 128 images (a full world's over 2,048), and
+# its small batches keep each step cheap (the full batches made 8 flow steps most of the
+# quick world's 50 s in CI)
 QUICK = PretrainSettings(
     vae_steps=4,
-    vae_images=512,
+    vae_images=128,
     flow_steps=8,
     flow_decay_steps=3,
-    flow_images=256,
+    flow_images=64,
     clip_steps=4,
+    vae_batch=16,
+    flow_batch=16,
+    clip_batch=32,
 )
 
 
@@ -68,7 +76,13 @@ def pretrain(out: str | Path, *, quick: bool = False, seed: int = 0, progress: b
     clip_text, t5 = build_text_encoders(len(tok), len(tok2), seed=seed)
 
     t = time.perf_counter()
-    vae = train_vae(settings.vae_steps, seed, num_images=settings.vae_images, progress=progress)
+    vae = train_vae(
+        settings.vae_steps,
+        seed,
+        num_images=settings.vae_images,
+        batch=settings.vae_batch,
+        progress=progress,
+    )
     timings["vae_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -81,6 +95,7 @@ def pretrain(out: str | Path, *, quick: bool = False, seed: int = 0, progress: b
         decay_steps=settings.flow_decay_steps,
         seed=seed,
         num_images=settings.flow_images,
+        batch=settings.flow_batch,
         progress=progress,
     )
     timings["flow_s"] = time.perf_counter() - t
@@ -98,7 +113,9 @@ def pretrain(out: str | Path, *, quick: bool = False, seed: int = 0, progress: b
     pipe.save_pretrained(out / "pipeline")
 
     t = time.perf_counter()
-    reward = train_clip_reward(tok, steps=settings.clip_steps, seed=seed, progress=progress)
+    reward = train_clip_reward(
+        tok, steps=settings.clip_steps, seed=seed, batch=settings.clip_batch, progress=progress
+    )
     reward.save_pretrained(out / "shapes_clip")
     build_processor(tok).save_pretrained(out / "shapes_clip")
     timings["shapes_clip_s"] = time.perf_counter() - t
