@@ -5,6 +5,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# One intra-op thread in this process and every process it starts (subprocesses and
+# Ray workers inherit it). The suite keeps both cores busy, and a 2-thread torch op
+# whose second thread is descheduled spins at its barrier: `g2rpo pretrain --quick`
+# beside one busy loop took 45 s of wall and 51 CPU-s at 2 threads, 30 s and 28 CPU-s
+# at 1 (alone: 25 s and 30 s).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest
 import torch
@@ -14,7 +21,7 @@ import torch
 _PLAN_CACHE = tempfile.TemporaryDirectory(prefix="g2rpo-plan-cache-")
 os.environ["G2RPO_PLAN_CACHE"] = _PLAN_CACHE.name
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 class ElementwiseVelocity(torch.nn.Module):
@@ -88,7 +95,7 @@ def ray_local():
 
 @pytest.fixture(scope="session")
 def quick_world(tmp_path_factory):
-    """`g2rpo pretrain --quick` run once per session as a real process (about 20 s):
+    """`g2rpo pretrain --quick` run once per session as a real process (about 15 s):
     only tests/test_world.py, which checks what pretrain writes."""
     import subprocess
 
@@ -105,7 +112,7 @@ def quick_world(tmp_path_factory):
             str(out),
             "--no-progress",
             "--threads",
-            "2",
+            "1",
         ],
         capture_output=True,
         text=True,

@@ -25,7 +25,7 @@ def _run(*args, timeout=600):
     )
 
 
-@pytest.mark.slow  # g2rpo pretrain --quick: about 20 s
+@pytest.mark.slow  # g2rpo pretrain --quick: about 15 s
 def test_quick_world_layout_and_metadata(quick_world):
     pipe = quick_world / "pipeline"
     for sub in (
