@@ -87,9 +87,12 @@ def bench_reward(
     device: str = "cpu",
     random_model: str | None = None,
     image_size: int = 32,
+    threads: int | None = None,
 ) -> dict:
     """``scorer``: NAME or NAME=DIR; ``random_model`` (``vit-h-14``, ``tiny``) serves a
-    random CLIP-family model of that size under NAME instead of a checkpoint."""
+    random CLIP-family model of that size under NAME instead of a checkpoint;
+    ``threads``: torch threads of the single server (default: every core; each of the
+    two replicas gets half)."""
     import tempfile
 
     name = scorer.partition("=")[0]
@@ -98,12 +101,14 @@ def bench_reward(
             from ..reward_server.random_models import random_clip_dir
 
             scorer = f"{name}={random_clip_dir(Path(tmp) / random_model, random_model)}"
-        results = _measure(scorer, name, duration_s, per_request, clients, seed, device, image_size)
+        results = _measure(
+            scorer, name, duration_s, per_request, clients, seed, device, image_size, threads
+        )
     results.update(device=device, random_model=random_model, image_size=image_size)
     return results
 
 
-def _measure(scorer, name, duration_s, per_request, clients, seed, device, side) -> dict:
+def _measure(scorer, name, duration_s, per_request, clients, seed, device, side, threads) -> dict:
     results: dict = {
         "scorer": name,
         "images_per_request": per_request,
@@ -112,7 +117,8 @@ def _measure(scorer, name, duration_s, per_request, clients, seed, device, side)
         "unbatched": [],
         "replicas": {},
     }
-    threads = max(1, (os.cpu_count() or 2))
+    threads = threads or max(1, (os.cpu_count() or 2))
+    results["threads"] = threads
     load = dict(per_request=per_request, seed=seed, side=side)
     # every server starts at once (their start is mostly imports, idle once up); one
     # replica is the batched server itself, as it has the same settings

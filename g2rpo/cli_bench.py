@@ -7,6 +7,8 @@ import argparse
 import json
 import sys
 
+from g2rpo.common.errors import UsageError
+
 
 def int_list(text: str) -> list[int]:
     try:
@@ -68,6 +70,8 @@ def _cmd_bench_engine(args: argparse.Namespace) -> int:
 def _cmd_bench_reward(args: argparse.Namespace) -> int:
     from g2rpo.benchmarks.reward import bench_reward
 
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be at least 1 (got {args.threads})")
     result = bench_reward(
         scorer=args.scorer,
         duration_s=args.duration,
@@ -75,6 +79,7 @@ def _cmd_bench_reward(args: argparse.Namespace) -> int:
         device=args.device,
         random_model=args.random_model,
         image_size=args.image_size,
+        threads=args.threads,
     )
     if args.json:
         print(json.dumps(result))
@@ -262,6 +267,13 @@ def add_bench_parsers(sub) -> None:
         "pickscore): HPS-v2.1/DFN5B/PickScore's ViT-H-14 without a download",
     )
     rb.add_argument("--image-size", type=int, default=32, help="side of the images sent")
+    rb.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of the single server (default: every core; each of the two "
+        "replicas gets half)",
+    )
     rb.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     rb.add_argument(
         "--images-per-request",

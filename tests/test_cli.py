@@ -356,14 +356,19 @@ def test_bench_reward_serves_a_random_model_of_a_published_size():
         "4",
         "--image-size",
         "48",
+        "--threads",  # one per server: the suite keeps both cores busy (conftest)
+        "1",
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
     assert result["scorer"] == "hpsv2" and result["random_model"] == "tiny"
+    assert result["threads"] == 1
     assert [r["clients"] for r in result["batched"]] == [1, 8, 64]
     for r in result["batched"] + result["unbatched"]:
         assert r["requests"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0
     assert result["batching_gain"] > 0 and set(result["replicas"]) == {"1", "2"}
     bad = run("bench", "reward", "--random-model", "vit-z")
     assert bad.returncode == 2 and "vit-h-14" in bad.stderr
+    bad = run("bench", "reward", "--threads", "0")
+    assert bad.returncode == 2 and "--threads must be at least 1 (got 0)" in bad.stderr
