@@ -1,12 +1,17 @@
 """The small training setting the Ray and learner tests share (committed world, 32-px
 images, a 6-step grid); a test file appends only what it changes."""
 
+# one prompt per worker and iteration: the tests read counts and wiring, not learning, and a
+# second prompt per worker costs about 40 s over the suite (tests/test_learner_group.py keeps
+# two, for the ranks' split of a worker's prompts)
+PROMPTS = 1
+
 SMALL_RUN = [
     "sampling.num_steps=6",
     "sampling.sde_steps=[0,1]",
     "sampling.granularities=[1,2]",
     "sampling.group_size=4",
-    "sampling.prompts_per_worker=2",
+    f"sampling.prompts_per_worker={PROMPTS}",
     "train.workers.count=2",
     "train.image_size=32",
     "train.max_sequence_length=16",

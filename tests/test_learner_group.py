@@ -26,7 +26,10 @@ LORA = ["model.lora.rank=4", "model.lora.alpha=8", "optim.lr=1e-3"]
 
 
 def _cfg(world, *extra):
-    return load_config(None, [*SMALL_RUN, f"model.pretrained={world / 'pipeline'}", *extra])
+    # two prompts per worker (SMALL_RUN has one): each rank's share of the batches is more
+    # than one prompt, and the padding case below has fewer prompts than ranks
+    over = [*SMALL_RUN, "sampling.prompts_per_worker=2", f"model.pretrained={world / 'pipeline'}"]
+    return load_config(None, [*over, *extra])
 
 
 def _batches(cfg, workers: int = 2) -> list[Trajectories]:

@@ -28,7 +28,7 @@ def test_ray_job_submit_completes_one_iteration(world, scorer_url, tmp_path):
         (work / "job.yaml").write_text(f"""
 model: {{pretrained: {world / "pipeline"}}}
 sampling: {{num_steps: 6, sde_steps: [0, 1], granularities: [1, 2], group_size: 4,
-           prompts_per_worker: 4}}
+           prompts_per_worker: 1}}
 rewards: [{{name: shapes_clip}}]
 run: {{name: job, iterations: 1, output_dir: {tmp_path / "runs"}}}
 train:
@@ -53,7 +53,9 @@ train:
         assert res.returncode == 0, out[-4000:]
         assert "succeeded" in out.lower()
         rows = read_metrics(tmp_path / "runs" / "job")
-        assert [r["iteration"] for r in rows] == [0] and rows[0]["transitions"] == 32
+        assert [r["iteration"] for r in rows] == [0] and rows[0][
+            "transitions"
+        ] == 1 * 2 * 4  # prompts · K · G
     finally:
         head.stop()
     assert not head._left()  # every process the head started is gone
