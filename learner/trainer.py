@@ -365,6 +365,9 @@ class LearnerCore:
                 "adv_abs_mean": float(adv.abs().mean()),
                 "adv_std": float(adv.std()),
                 "adv_clipped_frac": float((adv.abs() >= o.adv_clip).double().mean()),
+                # transitions that train nothing: every method's advantage is exactly 0
+                # where a group's rewards are all equal (common with a 0/1 reward)
+                "adv_zero_frac": float((adv == 0).double().mean()),
             }
         )
         return stats

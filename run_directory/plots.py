@@ -47,6 +47,9 @@ def draw_advantages(ax, rows: list[dict]) -> None:
     ax.set(title="advantages", xlabel="iteration", ylabel="advantage")
     twin = ax.twinx()
     twin.plot(*_series(rows, "adv_clipped_frac"), "r:", label="adv_clipped_frac")
+    zero = _series(rows, "adv_zero_frac")
+    if zero[0]:  # runs from before the metric have none
+        twin.plot(*zero, "k--", label="adv_zero_frac (all-equal groups)")
     twin.set_ylim(0, 1)
     ax.legend(fontsize=7, loc="upper left")
     twin.legend(fontsize=7, loc="upper right")

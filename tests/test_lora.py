@@ -1,6 +1,9 @@
 """The learner and the rollout workers agree on the policy: LoRA runs publish,
 checkpoint and export adapters only and workers load them strictly; the KL reference
-is the base model; the compute dtype reaches both sides."""
+is the base model; the compute dtype reaches both sides; the update counts the
+transitions that all-equal groups leave without an advantage."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -196,3 +199,19 @@ def test_lora_on_a_bf16_base_trains_fp32_adapters(world):
 def test_float16_training_is_refused_naming_the_field(world):
     with pytest.raises(ValueError, match=r"model\.dtype float16"):
         LearnerCore(_cfg(world, "model.dtype=float16"))
+
+
+def test_adv_zero_frac_counts_the_transitions_of_all_equal_groups(world):
+    """A 0/1 reward leaves whole groups equal: their advantages are exactly zero and
+    train nothing. Prompt 0's leaves all score 1; prompt 1's score by the parity of
+    their place j in the group (the same at both granularities, so no branch's summed
+    advantage cancels), so exactly half of the transitions (prompt 0's) carry none."""
+    cfg = _cfg(world)
+    learner, worker = LearnerCore(cfg), RolloutWorkerCore(cfg, 0)
+    batch = _synthetic_trajectories(worker, 0, 0)
+    rewards = torch.tensor(
+        [1.0 if leaf.prompt == 0 else float(leaf.coords[-1] % 2) for leaf in batch.plan.leaves]
+    )
+    batch = dataclasses.replace(batch, leaf_rewards={"shapes_clip": rewards})
+    stats = learner.update([batch])
+    assert stats["adv_zero_frac"] == 0.5
