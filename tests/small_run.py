@@ -3,15 +3,15 @@ images, a 6-step grid); a test file appends only what it changes."""
 
 # one prompt per worker and iteration: the tests read counts and wiring, not learning, and a
 # second prompt per worker costs about 40 s over the suite (tests/test_learner_group.py keeps
-# two, for the ranks' split of a worker's prompts)
-PROMPTS = 1
+# two, for the ranks' split of a worker's prompts; tests/test_lora.py as many as it samples)
+PROMPTS_PER_WORKER = 1
 
 SMALL_RUN = [
     "sampling.num_steps=6",
     "sampling.sde_steps=[0,1]",
     "sampling.granularities=[1,2]",
     "sampling.group_size=4",
-    f"sampling.prompts_per_worker={PROMPTS}",
+    f"sampling.prompts_per_worker={PROMPTS_PER_WORKER}",
     "train.workers.count=2",
     "train.image_size=32",
     "train.max_sequence_length=16",

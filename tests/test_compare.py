@@ -15,7 +15,7 @@ from g2rpo.evaluation.compare_spec import load_spec, plan_runs
 from g2rpo.evaluation.report import write_report
 from g2rpo.orchestration.warm_trainer import WarmTrainer
 from g2rpo.rollout_worker.plan import g2rpo_plan
-from small_run import PROMPTS, SMALL_RUN
+from small_run import PROMPTS_PER_WORKER, SMALL_RUN
 
 # a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
 pytestmark = pytest.mark.slow
@@ -78,7 +78,9 @@ def test_compare_trains_evaluates_and_writes_its_files(compared):
             assert set(held["vs_base"]) >= {"shapes_clip", "shapes_oracle/pass"}
     # training NFEs: per worker and iteration, G²RPO's rollout tree plus one learner
     # forward per (prompt, SDE step); DanceGRPO spends fewer
-    per_worker = algorithm_nfe(g2rpo_plan(PROMPTS, 6, 4, [0, 1], [1, 2])) + PROMPTS * 2
+    per_worker = (
+        algorithm_nfe(g2rpo_plan(PROMPTS_PER_WORKER, 6, 4, [0, 1], [1, 2])) + PROMPTS_PER_WORKER * 2
+    )
     g2, dance = (results["methods"][m]["nfe_train_total"]["mean"] for m in ("g2rpo", "dancegrpo"))
     assert g2 == 2 * 2 * per_worker and dance < g2  # 2 workers · 2 iterations
     # the equal-iterations view evaluated the checkpoint after iteration 1

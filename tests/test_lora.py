@@ -15,10 +15,15 @@ from g2rpo.rollout_worker.plan import anchor_plan, plan_for
 from g2rpo.rollout_worker.worker import RolloutWorkerCore
 from small_run import SMALL_RUN
 
-# two prompts (SMALL_RUN rolls out one per worker): these tests sample PROMPTS themselves
-SMALL = [*SMALL_RUN, "sampling.prompts_per_worker=2", "train.workers.count=1", "optim.lr=1e-3"]
-LORA = ["model.lora.rank=4", "model.lora.alpha=8"]
 PROMPTS = ["a red circle on a white background", "a blue square on a black background"]
+# these tests sample PROMPTS themselves: as many prompts per worker (SMALL_RUN has one)
+SMALL = [
+    *SMALL_RUN,
+    f"sampling.prompts_per_worker={len(PROMPTS)}",
+    "train.workers.count=1",
+    "optim.lr=1e-3",
+]
+LORA = ["model.lora.rank=4", "model.lora.alpha=8"]
 
 
 def _cfg(world, *extra):

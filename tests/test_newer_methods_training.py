@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from small_run import PROMPTS, small_train
+from small_run import PROMPTS_PER_WORKER, small_train
 
 # a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
 pytestmark = pytest.mark.slow
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "extra", "transitions"),
     [
-        # Fast on CPS: 2 workers · PROMPTS prompts · G=4 · window 2
+        # Fast on CPS: 2 workers · their prompts · G=4 · window 2
         (
             "fast-cps",
             [
@@ -26,9 +26,9 @@ pytestmark = pytest.mark.slow
                 "sampling.sde_type=cps",
                 "sampling.eta=0.8",
             ],
-            2 * PROMPTS * 4 * 2,
+            2 * PROMPTS_PER_WORKER * 4 * 2,
         ),
-        # BranchGRPO: 2 workers · PROMPTS prompts · 20 edges (splits {0, 2} at T=6: 2+2+4+4+4+4),
+        # BranchGRPO: 2 workers · their prompts · 20 edges (splits {0, 2} at T=6: 2+2+4+4+4+4),
         # of which width pruning (branch_best, ½) trains 1 of each leaf's 3 chain edges
         (
             "branch",
@@ -40,9 +40,9 @@ pytestmark = pytest.mark.slow
                 "optim.step_mode=per_samples",
                 "optim.samples_per_step=12",
             ],
-            2 * PROMPTS * (20 - 4 * 2),
+            2 * PROMPTS_PER_WORKER * (20 - 4 * 2),
         ),
-        # TreeGRPO: 2 workers · PROMPTS prompts · 6 edges (a 2-deep window: 2 + 4), the window
+        # TreeGRPO: 2 workers · their prompts · 6 edges (a 2-deep window: 2 + 4), the window
         # one step later in iteration 1
         (
             "tree",
@@ -51,13 +51,13 @@ pytestmark = pytest.mark.slow
                 "algorithm.treegrpo.depth=2",
                 "algorithm.treegrpo.slide_every=1",
             ],
-            2 * PROMPTS * 6,
+            2 * PROMPTS_PER_WORKER * 6,
         ),
-        # DiffusionNFT: its "transitions" are the 2 workers · PROMPTS prompts · G=4 clean samples
-        ("nft", ["algorithm.name=nft", "optim.step_mode=accumulate"], 2 * PROMPTS * 4),
+        # DiffusionNFT: its "transitions" are the 2 workers · their prompts · G=4 clean samples
+        ("nft", ["algorithm.name=nft", "optim.step_mode=accumulate"], 2 * PROMPTS_PER_WORKER * 4),
         # AWM: the same clean samples, its advantage-weighted flow-matching loss
-        ("awm", ["algorithm.name=awm", "algorithm.awm.timesteps=3"], 2 * PROMPTS * 4),
-        # TempFlow with GRPO-Guard's loss: 2 workers · PROMPTS prompts · 2 branch steps · G=4
+        ("awm", ["algorithm.name=awm", "algorithm.awm.timesteps=3"], 2 * PROMPTS_PER_WORKER * 4),
+        # TempFlow with GRPO-Guard's loss: 2 workers · their prompts · 2 branch steps · G=4
         (
             "tempflow-guard",
             [
@@ -66,7 +66,7 @@ pytestmark = pytest.mark.slow
                 "optim.loss=grpo_guard",
                 "optim.clip_range=4e-6",
             ],
-            2 * PROMPTS * 2 * 4,
+            2 * PROMPTS_PER_WORKER * 2 * 4,
         ),
     ],
 )

@@ -53,9 +53,8 @@ train:
         assert res.returncode == 0, out[-4000:]
         assert "succeeded" in out.lower()
         rows = read_metrics(tmp_path / "runs" / "job")
-        assert [r["iteration"] for r in rows] == [0] and rows[0][
-            "transitions"
-        ] == 1 * 2 * 4  # prompts · K · G
+        assert [r["iteration"] for r in rows] == [0]
+        assert rows[0]["transitions"] == 1 * 2 * 4  # prompts · K · G
     finally:
         head.stop()
     assert not head._left()  # every process the head started is gone

@@ -13,7 +13,13 @@ import time
 import pytest
 from g2rpo.orchestration.driver import read_metrics
 from servers import G2RPO, RedisServer, RewardServerProcess, session_ray_env
-from small_run import OVERLAPPED_BROADCAST, PROMPTS, small_train, when_first_row, when_rows
+from small_run import (
+    OVERLAPPED_BROADCAST,
+    PROMPTS_PER_WORKER,
+    small_train,
+    when_first_row,
+    when_rows,
+)
 
 # a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
 pytestmark = pytest.mark.slow
@@ -240,7 +246,9 @@ def test_redis_discovery_status_and_export_with_redis_stopped_mid_run(warm, worl
         assert "g2rpo_train_weight_broadcast_failures_total 0.0" in text
         rows = read_metrics(run_dir)
         assert [r["iteration"] for r in rows] == [0, 1, 2, 3, 4, 5]
-        assert all(r["transitions"] == 2 * PROMPTS * 2 * 4 for r in rows)  # every prompt's share
+        assert all(
+            r["transitions"] == 2 * PROMPTS_PER_WORKER * 2 * 4 for r in rows
+        )  # every prompt's share
         assert (run_dir / "finished.json").is_file()
         assert seen["stopped_after"] >= 2 and seen["restarted_after"] < 6, seen
         status = seen["status"]

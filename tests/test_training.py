@@ -8,7 +8,7 @@ from g2rpo.common.weights import WeightMismatch
 from g2rpo.learner.trainer import LearnerCore, StaleTrajectories
 from g2rpo.orchestration.driver import read_metrics, train
 from g2rpo.rollout_worker.worker import RolloutWorkerCore
-from small_run import PROMPTS, SMALL_RUN, small_train, when_first_row
+from small_run import PROMPTS_PER_WORKER, SMALL_RUN, small_train, when_first_row
 
 # a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ def test_three_iterations_with_two_workers(calm_run):
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     assert [r["version"] for r in rows] == [0, 1, 2] and rows[1]["weight_versions"] == [1]
     for r in rows:
-        assert r["transitions"] == 2 * PROMPTS * 2 * 4  # workers · prompts · K · G
+        assert r["transitions"] == 2 * PROMPTS_PER_WORKER * 2 * 4  # workers · prompts · K · G
         assert r["optimizer_steps"] == 2 and 0 <= r["clip_fraction"] <= 1
         assert r["branch_steps"] == [0, 1]  # every one of sampling.sde_steps (the default)
         for key in ("rollout_s", "reward_s", "learn_s", "weight_push_s", "iteration_s"):
@@ -157,7 +157,9 @@ def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
 
     # per iteration: each of the 2 workers' rollout tree + one learner forward per
     # (prompt, SDE step)
-    per_iteration = 2 * (algorithm_nfe(g2rpo_plan(PROMPTS, 6, 4, [0, 1], [1, 2])) + PROMPTS * 2)
+    per_iteration = 2 * (
+        algorithm_nfe(g2rpo_plan(PROMPTS_PER_WORKER, 6, 4, [0, 1], [1, 2])) + PROMPTS_PER_WORKER * 2
+    )
     budget = int(2.5 * per_iteration)  # two iterations fit, a third would pass it
     over = ["train.eval.every=10", f"run.nfe_budget={budget}"]
     run = _run(world, tmp_path, "budget", 50, over, reward_url=scorer_url, warm=warm)
