@@ -11,10 +11,22 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from cachetools import LRUCache
 from PIL import Image
 
 from ...common.loaders import resolve_local_dir
 from .base import check_batch, torch_dtype, weights_version
+
+# A score must not depend on the company its image came in: the server's dynamic
+# batcher merges whichever requests arrive together, so the same image is scored in a
+# call of 1 image in one run and of 2 in its resumed or restarted twin. Matrix kernels
+# pick their blocking by the number of rows, and on CPU a call of 1–3 images of the
+# tiny world's CLIP gave scores 1e-7 away from the same images in a larger call, while
+# every call of 4 or more gave the same bits (measured 2026-11-26). So a vision call
+# has at least MIN_IMAGE_ROWS rows (the last image repeated), and each prompt is
+# embedded alone, never padded to the longest prompt of its request.
+MIN_IMAGE_ROWS = 8
+PROMPT_CACHE_SIZE = 4096
 
 
 class ClipScore:
@@ -42,8 +54,9 @@ class ClipScore:
         self.name = name
         self.scale = scale
         self.device = torch.device(device)
-        self.batch_size = batch_size
+        self.batch_size = max(batch_size, MIN_IMAGE_ROWS)
         self.version = weights_version(local)
+        self._prompts: LRUCache = LRUCache(PROMPT_CACHE_SIZE)  # prompt → unit embedding
 
     def _pixels(self, images: np.ndarray) -> torch.Tensor:
         """Processor pixel values; images already at the crop size skip PIL (same values:
@@ -64,26 +77,37 @@ class ClipScore:
         std = torch.tensor(ip.image_std, dtype=torch.float32).view(1, 3, 1, 1)
         return (x - mean) / std
 
+    def _prompt_embedding(self, prompt: str) -> torch.Tensor:
+        """The prompt's unit text embedding, computed alone (its own length, no padding)."""
+        cached = self._prompts.get(prompt)
+        if cached is None:
+            m = self.model
+            tokens = self.processor.tokenizer([prompt], return_tensors="pt", truncation=True)
+            text = m.text_projection(m.text_model(**tokens.to(self.device)).pooler_output)[0]
+            cached = text.float() / text.float().norm()
+            self._prompts[prompt] = cached
+        return cached
+
     @torch.no_grad()
     def score(self, images, prompts: list[str]) -> np.ndarray:
         arr = check_batch(images, prompts)
         if arr.shape[0] == 0:
             return np.zeros(0, dtype=np.float32)
         m = self.model
-        # prompts repeat (a group shares one): embed each distinct prompt once
+        # prompts repeat (a group shares one): each distinct prompt embedded once, alone
         unique = sorted(set(prompts))
-        tokens = self.processor.tokenizer(
-            unique, return_tensors="pt", padding=True, truncation=True
-        ).to(self.device)
-        text = m.text_projection(m.text_model(**tokens).pooler_output)
-        text = text.float() / text.float().norm(dim=-1, keepdim=True)
+        text = torch.stack([self._prompt_embedding(p) for p in unique])
         row = torch.tensor([unique.index(p) for p in prompts], device=self.device)
         out = []
         for lo in range(0, arr.shape[0], self.batch_size):
-            pixels = self._pixels(arr[lo : lo + self.batch_size]).to(self.device, self.dtype)
-            img = m.visual_projection(m.vision_model(pixel_values=pixels).pooler_output)
+            chunk = arr[lo : lo + self.batch_size]
+            n = len(chunk)
+            if n < MIN_IMAGE_ROWS:  # padded: the same kernels as in any larger call
+                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], MIN_IMAGE_ROWS - n, 0)])
+            pixels = self._pixels(chunk).to(self.device, self.dtype)
+            img = m.visual_projection(m.vision_model(pixel_values=pixels).pooler_output)[:n]
             img = img.float() / img.float().norm(dim=-1, keepdim=True)
-            cos = (img * text[row[lo : lo + self.batch_size]]).sum(dim=-1)
+            cos = (img * text[row[lo : lo + n]]).sum(dim=-1)
             if self.scale == "logit":
                 cos = cos * m.logit_scale.float().exp()
             out.append(cos.float().cpu())
