@@ -173,7 +173,7 @@ def calm_group_run(warm, world, scorer_url, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def overlapped_run(warm, world, scorer_url, tmp_path_factory):
-    """The uninterrupted 4-iteration overlapped run (train.weights.staleness=1, weights
+    """The uninterrupted 3-iteration overlapped run (train.weights.staleness=1, weights
     by the object store) of a 2-learner group: the worker-kill test under broadcast
     weights (tests/test_recovery.py) runs the same group, so one run checks broadcasts
     from a sharded group and from an overlapped iteration."""
@@ -181,4 +181,4 @@ def overlapped_run(warm, world, scorer_url, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("overlap")
     overlapped = ["train.weights.staleness=1", "train.learner.count=2"]
-    return small_train(world, out, "overlap", 4, overlapped, reward_url=scorer_url, warm=warm)
+    return small_train(world, out, "overlap", 3, overlapped, reward_url=scorer_url, warm=warm)

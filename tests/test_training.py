@@ -1,14 +1,12 @@
 """Training on a real local Ray with a real reward-server process, on the committed world."""
 
-import os
-
 import pytest
 import yaml
 from g2rpo.common.weights import WeightMismatch
 from g2rpo.learner.trainer import LearnerCore, StaleTrajectories
 from g2rpo.orchestration.driver import read_metrics, train
 from g2rpo.rollout_worker.worker import RolloutWorkerCore
-from small_run import PROMPTS_PER_WORKER, SMALL_RUN, small_train, when_first_row
+from small_run import PROMPTS_PER_WORKER, SMALL_RUN, small_train
 
 # a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
 pytestmark = pytest.mark.slow
@@ -22,12 +20,6 @@ def _run(world, out, name, iterations, extra=(), **kw):
 
 def _strip(rows):
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
-
-
-@pytest.fixture(scope="module")
-def calm(calm_run):
-    """The uninterrupted 3-iteration run (conftest) the resume and fault tests compare with."""
-    return _strip(read_metrics(calm_run))
 
 
 def test_three_iterations_with_two_workers(calm_run):
@@ -108,45 +100,6 @@ def test_stale_trajectories_and_bad_weights_are_refused(world):
         learner.update([stale])
 
 
-def test_rollout_actor_and_reward_server_killed_then_resumed_change_nothing(
-    calm, warm, world, tmp_path
-):
-    """Rollout worker 0 (which also evaluates: no evaluator actor) and the reward server
-    SIGKILLed in iteration 1 of a run stopped after 2 iterations (--max-iterations),
-    which is then resumed: Ray restarted the actor, the replica its server, and the
-    resumed run computes exactly what the uninterrupted calm run did. Killed before its
-    evaluation, during it or during its rollout share, the worker redoes each with the
-    published weights (an evaluation sampled with other weights would change the
-    eval/ numbers)."""
-    import json
-    import signal
-    import time
-
-    def kill(record):
-        pid = record["rollout_workers"][0]
-        os.kill(pid, signal.SIGKILL)
-        time.sleep(1.0)  # the other worker is rolling out or being scored
-        os.kill(record["reward_servers"][0], signal.SIGKILL)
-        return {"pid": pid, "server": record["reward_servers"][0]}
-
-    thread, killed = when_first_row(tmp_path / "killed", kill)
-    part = _run(world, tmp_path, "killed", 3, max_iterations=2, warm=warm)
-    thread.join(timeout=5)
-    assert "pid" in killed and "server" in killed
-    record = json.loads((part / "actors.json").read_text())
-    assert record["rollout_workers"][0] != killed["pid"]  # Ray restarted the actor
-    assert record["reward_servers"][0] != killed["server"]  # the replica restarted its server
-    rows = _strip(read_metrics(part))
-    assert [r["iteration"] for r in rows] == [0, 1] and not (part / "final").exists()
-    # every prompt's trajectory present once, and the same numbers as the calm run
-    assert [r["transitions"] for r in rows] == [r["transitions"] for r in calm[:2]]
-    assert rows == calm[:2]
-    train(None, [], resume=part, progress=False, warm=warm)
-    resumed = _strip(read_metrics(part))
-    assert [r["iteration"] for r in resumed] == [0, 1, 2]
-    assert resumed == calm
-
-
 def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
     warm, world, scorer_url, tmp_path, capfd
 ):
@@ -192,9 +145,9 @@ def test_staleness_one_rolls_out_the_next_iteration_beside_the_update(overlapped
     late (recorded as weight_lag); the run still trains, evaluates and finishes."""
     run = overlapped_run
     rows = read_metrics(run)
-    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
-    assert [r["weight_lag"] for r in rows] == [0, 1, 1, 1]
-    assert [r["version"] for r in rows] == [0, 0, 1, 2]  # the weights that sampled each batch
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    assert [r["weight_lag"] for r in rows] == [0, 1, 1]
+    assert [r["version"] for r in rows] == [0, 0, 1]  # the weights that sampled each batch
     assert all(r["optimizer_steps"] == 2 and "eval/shapes_clip" in r for r in rows)
     assert (run / "finished.json").is_file() and (run / "final").is_dir()
     in_order = read_metrics(calm_run)

@@ -1,6 +1,7 @@
 """Training with a learner group of 2 (FSDP2 over gloo) on a real local Ray: exact
 resume, resume on another number of learners, and a worker frozen past the rollout
-timeout in the run that is then resumed, against a calm run of the same group. (A
+timeout, another killed and the reward server killed in the run that is then resumed,
+against a calm run of the same group. (A
 rollout worker killed under broadcast weights in a group: tests/test_recovery.py.)"""
 
 import json
@@ -37,31 +38,45 @@ def calm(calm_group_run):
     return _strip(read_metrics(calm_group_run))
 
 
-def test_frozen_worker_restarted_then_resumed_exactly_and_on_one_learner(
-    calm, warm, world, scorer_url, tmp_path
+def test_frozen_and_killed_workers_and_reward_server_then_resumed_exactly_and_on_one_learner(
+    calm, warm, world, tmp_path
 ):
-    """A rollout worker frozen (SIGSTOP) in iteration 1 of a 2-learner run stopped after
-    2 iterations holds the iteration only until train.workers.rollout_timeout_s: it is
-    killed, Ray restarts it, its share is redone once, and the group's numbers are
-    those of the calm run (nothing trained twice or lost). The run then resumes
-    exactly on the group, and on one learner from its sharded checkpoint. (The one
-    frozen-worker test: the rollout timeout is the driver's, whatever the learner count.)"""
+    """In iteration 1 of a 2-learner run stopped after 2 iterations (--max-iterations),
+    scored by a job-started reward replica: rollout worker 1 is frozen (SIGSTOP),
+    worker 0 (which also evaluates: no evaluator actor) and then the replica's reward
+    server are SIGKILLed. The frozen worker holds the iteration only until
+    train.workers.rollout_timeout_s: it is killed, and Ray restarts it; Ray restarts
+    worker 0 too, and the replica its server. Killed before its evaluation, during it
+    or during its rollout share, worker 0 redoes each with the published weights (an
+    evaluation sampled with other weights would change the eval/ numbers), worker 1 its
+    share once: the group's numbers are those of the calm run (nothing trained twice or
+    lost). The run then resumes exactly on the group, and on one learner from its
+    sharded checkpoint. (The one frozen-worker test: the rollout timeout is the
+    driver's, whatever the learner count. It took in test_training.py's rollout actor
+    and reward server killed, on one learner, whose resume the one-learner resume here
+    covers.)"""
+    import time
 
-    def freeze(record):
-        pid = record["rollout_workers"][1]  # worker 0 also evaluates, with no timeout
-        os.kill(pid, signal.SIGSTOP)
-        return {"pid": pid}
+    def freeze_and_kill(record):
+        frozen, killed = record["rollout_workers"][1], record["rollout_workers"][0]
+        os.kill(frozen, signal.SIGSTOP)
+        os.kill(killed, signal.SIGKILL)
+        time.sleep(1.0)  # worker 1's share is being scored, or waits to be
+        os.kill(record["reward_servers"][0], signal.SIGKILL)
+        return {"frozen": frozen, "killed": killed, "server": record["reward_servers"][0]}
 
-    thread, frozen = when_first_row(tmp_path / "part", freeze)
+    thread, faults = when_first_row(tmp_path / "part", freeze_and_kill)
     timeout = ["train.workers.rollout_timeout_s=10"]
-    part = _run(
-        world, tmp_path, "part", 3, timeout, max_iterations=2, reward_url=scorer_url, warm=warm
-    )
+    part = _run(world, tmp_path, "part", 3, timeout, max_iterations=2, warm=warm)
     thread.join(timeout=5)
-    assert "pid" in frozen
+    assert "server" in faults
     record = json.loads((part / "actors.json").read_text())
-    assert record["rollout_workers"][1] != frozen["pid"]  # killed and restarted by Ray
+    assert record["rollout_workers"][1] != faults["frozen"]  # killed and restarted by Ray
+    assert record["rollout_workers"][0] != faults["killed"]  # restarted by Ray
+    assert record["reward_servers"][0] != faults["server"]  # the replica restarted its server
     rows = _strip(read_metrics(part))
+    assert [r["iteration"] for r in rows] == [0, 1] and not (part / "final").exists()
+    # every prompt's trajectory present once, and the same numbers as the calm run
     assert [r["transitions"] for r in rows] == [r["transitions"] for r in calm[:2]]
     assert rows == calm[:2]
     ckpts = sorted(p.name for p in (part / "checkpoints").iterdir())
