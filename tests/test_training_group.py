@@ -39,7 +39,7 @@ def calm(calm_group_run):
 
 
 def test_frozen_and_killed_workers_and_reward_server_then_resumed_exactly_and_on_one_learner(
-    calm, warm, world, tmp_path
+    calm, warm, world, scorer_url, tmp_path
 ):
     """In iteration 1 of a 2-learner run stopped after 2 iterations (--max-iterations),
     scored by a job-started reward replica: rollout worker 1 is frozen (SIGSTOP),
@@ -99,10 +99,13 @@ def test_frozen_and_killed_workers_and_reward_server_then_resumed_exactly_and_on
     assert sorted(evaluated) == sorted(learned)
     assert all(torch.equal(evaluated[k], learned[k]) for k in learned)
 
-    train(None, [], resume=part, progress=False, warm=warm)
+    # resumed on the session's reward server: no replica of their own to start (its
+    # scores are the replica's, whatever the company: reward_server/scorers/clip_score.py)
+    served = ["train.reward.scorers=[]", f"train.reward.urls=[{scorer_url}]"]
+    train(None, served, resume=part, progress=False, warm=warm)
     assert _strip(read_metrics(part)) == calm  # bitwise, as one learner resumes
 
-    train(None, ["train.learner.count=1"], resume=alone, progress=False, warm=warm)
+    train(None, [*served, "train.learner.count=1"], resume=alone, progress=False, warm=warm)
     rows = _strip(read_metrics(alone))
     assert rows[:2] == calm[:2]
     # iteration 2 samples with the weights the group checkpointed, loaded exactly
