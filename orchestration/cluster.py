@@ -18,7 +18,13 @@ from ..common.ray_init import init_ray
 from ..learner.group import LearnerGroup
 from ..reward_server.replicas import RewardSource
 from ..rollout_worker.actor import RolloutWorker
-from .placement import local_cluster_resources, wait_placed
+from .placement import PlacementError, local_cluster_resources, wait_placed
+from .warm_actors import ray_resources
+
+# with kept actors left beside a run's new ones: how long its actors may take to be
+# placed and started before the kept ones are stopped to make room (a new actor
+# importing torch on a busy node takes seconds; one that found no room, forever)
+KEPT_ROOM_WAIT_S = 60.0
 
 
 @dataclass
@@ -101,6 +107,7 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None, warm=None) -> RunActor
     learner_opts = t.learner.ray_options()
     worker_opts = t.workers.ray_options()
     eval_opts = t.eval.ray_options()
+    reward_opts = r.ray_options()
     actors = RunActors()
     workers, kept_ranks = new_rollout_workers, None
     if warm is not None:
@@ -117,29 +124,24 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None, warm=None) -> RunActor
             groups.append(
                 ("train.eval (num_cpus/num_gpus/resources)", [actors.evaluator], eval_opts)
             )
-        if warm is not None:
-            warm.release_unused()
-        wait_placed(
-            [
-                (
-                    "train.reward (num_cpus/num_gpus/resources)",
-                    actors.rewards.replicas,
-                    r.ray_options(),
-                ),
-                (
-                    "train.learner (num_cpus/num_gpus/resources)",
-                    actors.learner.ranks,
-                    learner_opts,
-                ),
-                (
-                    "train.workers (num_cpus/num_gpus/resources)",
-                    actors.workers,
-                    worker_opts,
-                ),
-                *groups,
-            ],
-            t.placement_timeout_s,
-        )
+        if warm is not None:  # kept actors this run did not take, where room is short
+            started = [*warm.started, *[reward_opts] * len(actors.rewards.replicas)]
+            started += [learner_opts] * len(actors.learner.ranks) if kept_ranks is None else []
+            warm.release_unused(needed=ray_resources(started))
+        placed = [
+            ("train.reward (num_cpus/num_gpus/resources)", actors.rewards.replicas, reward_opts),
+            ("train.learner (num_cpus/num_gpus/resources)", actors.learner.ranks, learner_opts),
+            ("train.workers (num_cpus/num_gpus/resources)", actors.workers, worker_opts),
+            *groups,
+        ]
+        if warm is not None and warm.holds_unused():
+            try:  # another driver may have taken the room they were left in
+                wait_placed(placed, min(t.placement_timeout_s, KEPT_ROOM_WAIT_S))
+            except PlacementError:
+                warm.release_unused()
+                wait_placed(placed, t.placement_timeout_s)
+        else:
+            wait_placed(placed, t.placement_timeout_s)
         # placed; now form the learner group, load the models and start the servers
         # (errors surface here)
         actors.learner.form()

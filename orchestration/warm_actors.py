@@ -8,7 +8,10 @@ the rollout workers, the evaluator and the learner ranks a finished run left, wh
 their Ray resources are those the next run asks, and reconfigures each in its own
 process (out of every group; its pipeline or model loaded again from the new config
 on first use). Reward replicas stay the run's own. A run that fails stops its actors
-as without a pool: only a run that ended normally gives them back.
+as without a pool: only a run that ended normally gives them back. Kept actors a run
+does not take (a learner group of the other size) stay while the cluster has room
+for the run's new actors beside them, so runs that alternate between one and two
+learners each find their group warm; they are stopped as soon as room is short.
 
 Ray restarts a dead rollout worker with the arguments it was *created* with, which
 for a kept one are an earlier run's config. So a kept worker reads its config, at
@@ -30,6 +33,17 @@ from ..rollout_worker.actor import RolloutWorker
 # how long a kept actor may take to answer ``reconfigure`` (a restarting one is
 # waited for) before it is replaced by a new one
 RECONFIGURE_TIMEOUT_S = 120.0
+
+
+def ray_resources(options: list[dict]) -> dict[str, float]:
+    """The Ray resources a list of actor options asks for in all ({"CPU": 3.0, ...})."""
+    total: dict[str, float] = {}
+    for o in options:
+        asked = {"CPU": o.get("num_cpus", 0), "GPU": o.get("num_gpus", 0), **o.get("resources", {})}
+        for name, amount in asked.items():
+            if amount:
+                total[name] = total.get(name, 0.0) + float(amount)
+    return total
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -76,6 +90,7 @@ class WarmActors:
         self._free: list[_Kept] = []
         self._in_use: dict[int, _Kept] = {}  # id(handle) → entry, this run's workers
         self._free_learners: dict[str, list] = {}  # options + group size → ranks
+        self.started: list[dict] = []  # the options of the actors this run started new
 
     def start_run(self) -> None:
         """A run begins taking actors. Those of another Ray session are forgotten
@@ -87,11 +102,21 @@ class WarmActors:
             self._board_name = f"g2rpo-config-board-{uuid.uuid4().hex[:12]}"
             self._board = ConfigBoard.options(name=self._board_name).remote()
             self._session, self._free, self._free_learners = session, [], {}
-        self._in_use = {}
+        self._in_use, self.started = {}, []
 
-    def release_unused(self) -> None:
-        """Stop the kept actors this run did not take: they would hold resources
-        the run's new actors may need."""
+    def holds_unused(self) -> bool:
+        return bool(self._free or self._free_learners)
+
+    def release_unused(self, needed: dict[str, float] | None = None) -> None:
+        """Stop the kept actors this run did not take, which hold resources the run's
+        new actors may need. With ``needed`` (the Ray resources of the actors the run
+        started new), only when the cluster has less than that free: counted after
+        those actors were asked for, so any already placed count twice, and the doubt
+        goes to stopping."""
+        if needed is not None:
+            free = ray.available_resources()
+            if all(free.get(name, 0.0) >= amount for name, amount in needed.items()):
+                return
         for entry in self._free:
             ray.kill(entry.handle, no_restart=True)
         for ranks in self._free_learners.values():
@@ -118,6 +143,7 @@ class WarmActors:
                 ray.get(self._board.set.remote(slot, cfg, index))
                 handle = RolloutWorker.options(**options).remote(cfg, index, self._board_name, slot)
                 entry = _Kept(key, handle, slot)
+                self.started.append(options)
             self._in_use[id(entry.handle)] = entry
             handles.append(entry.handle)
         return handles

@@ -177,8 +177,7 @@ def test_learner_rank_death_stops_the_run_then_is_recovered_on_resume(
 
 # ------------------------------------------------------ Redis stopped mid-run
 # (last: a 1-learner run after the 2-learner ones above, as the files after this one train;
-# the warm pool keeps the last run's learner group only, so runs of one group size go
-# side by side)
+# the warm pool keeps a group of each size while there is room for the run beside it)
 
 
 def test_redis_discovery_status_and_export_with_redis_stopped_mid_run(warm, world, tmp_path):

@@ -138,7 +138,8 @@ def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
 
 
 # last: the overlapped run is a 2-learner group, as the next file's runs are (the warm
-# pool keeps the last run's learner group only)
+# pool keeps a group of each size while there is room; runs of one size side by side
+# also reuse its rollout workers' loaded config)
 def test_staleness_one_rolls_out_the_next_iteration_beside_the_update(overlapped_run, calm_run):
     """train.weights.staleness=1: iteration i+1 is sampled with v_i while the learner updates on
     iteration i, so from the second iteration on every batch is learned one version

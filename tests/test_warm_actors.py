@@ -91,3 +91,45 @@ def test_kept_learner_ranks_go_to_a_group_of_their_size_only(ray_local, world):
         assert gone["pid"] != first["pid"]
     finally:
         warm.close()
+
+
+def test_a_kept_group_another_run_did_not_take_stays_while_there_is_room(ray_local, world):
+    """A group of one kept while a run of two goes by (the cluster has room for the
+    two beside it) is taken by the next run of one: the same process. Asked for more
+    than the cluster has free, the pool stops it."""
+    from g2rpo.learner.group import LearnerGroup
+    from g2rpo.orchestration.warm_actors import ray_resources
+
+    warm = WarmActors()
+    options = {"num_cpus": 1}
+    assert ray_resources([options, options, {"num_cpus": 0.5, "resources": {"x": 1}}]) == {
+        "CPU": 2.5,
+        "x": 1.0,
+    }
+    try:
+        warm.start_run()
+        one = load_config(None, [*SMALL_RUN, f"model.pretrained={world / 'pipeline'}"])
+        group = LearnerGroup(one, options)
+        first = ray.get(group.ranks[0].placement.remote())
+        warm.keep(_Ended(learner=group))
+
+        warm.start_run()  # a run of two: its ranks are new, and there is room beside
+        assert warm.learner_ranks(_cfg(world, "two", "train.learner.count=2"), 2, options) is None
+        warm.release_unused(needed=ray_resources([options, options]))
+        assert warm.holds_unused()
+
+        warm.start_run()
+        (rank,) = warm.learner_ranks(_cfg(world, "one-again"), 1, options)
+        assert ray.get(rank.placement.remote())["pid"] == first["pid"]  # kept all along
+        warm.keep(_Ended(learner=LearnerGroup(one, options, [rank])))
+
+        warm.start_run()  # more than the whole cluster has free: stopped
+        warm.release_unused(needed={"CPU": ray.cluster_resources()["CPU"] + 1})
+        assert not warm.holds_unused()
+        deadline = time.monotonic() + 60  # ray.kill is asynchronous
+        with pytest.raises(ray.exceptions.RayActorError):
+            while time.monotonic() < deadline:
+                ray.get(rank.placement.remote(), timeout=60)
+                time.sleep(0.2)
+    finally:
+        warm.close()
