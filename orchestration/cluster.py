@@ -18,8 +18,7 @@ from ..common.ray_init import init_ray
 from ..learner.group import LearnerGroup
 from ..reward_server.replicas import RewardSource
 from ..rollout_worker.actor import RolloutWorker
-from .placement import PlacementError, local_cluster_resources, wait_placed
-from .warm_actors import ray_resources
+from .placement import PlacementError, local_cluster_resources, ray_resources, wait_placed
 
 # with kept actors left beside a run's new ones: how long its actors may take to be
 # placed and started before the kept ones are stopped to make room (a new actor

@@ -37,6 +37,18 @@ def local_cluster_resources(cfg: G2RPOConfig, redis_url: str | None = None) -> d
     return {"num_cpus": max(2, math.ceil(cpus)), "resources": whole}
 
 
+def ray_resources(options: list[dict]) -> dict:
+    """The Ray resources a list of actor options asks for in all ({"CPU": 3, ...};
+    those asked for none left out)."""
+    total: dict = {}
+    for o in options:
+        asked = {"CPU": o.get("num_cpus", 0), "GPU": o.get("num_gpus", 0), **o.get("resources", {})}
+        for name, amount in asked.items():
+            if amount:
+                total[name] = total.get(name, 0) + amount
+    return total
+
+
 def _summary(resources: dict) -> dict:
     skip = ("node:", "memory", "object_store_memory", "accelerator_type:")
     return {k: v for k, v in sorted(resources.items()) if not k.startswith(skip)}
@@ -58,8 +70,7 @@ def wait_placed(groups: list[tuple[str, list, dict]], timeout_s: float) -> list[
     for (field, handles, options), refs in zip(groups, pending, strict=True):
         missing = sum(ref not in ready for ref in refs)
         if missing:
-            asked = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
-            asked = {k: v for k, v in asked.items() if v}
+            asked = ray_resources([options])
             placeable = all(total.get(name, 0.0) >= amount for name, amount in asked.items())
             unplaced.append(
                 (

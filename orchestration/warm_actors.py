@@ -35,17 +35,6 @@ from ..rollout_worker.actor import RolloutWorker
 RECONFIGURE_TIMEOUT_S = 120.0
 
 
-def ray_resources(options: list[dict]) -> dict[str, float]:
-    """The Ray resources a list of actor options asks for in all ({"CPU": 3.0, ...})."""
-    total: dict[str, float] = {}
-    for o in options:
-        asked = {"CPU": o.get("num_cpus", 0), "GPU": o.get("num_gpus", 0), **o.get("resources", {})}
-        for name, amount in asked.items():
-            if amount:
-                total[name] = total.get(name, 0.0) + float(amount)
-    return total
-
-
 @ray.remote(num_cpus=0, max_restarts=0)
 class ConfigBoard:
     """slot → (config dict, worker index) of the run now using that kept worker."""

@@ -98,13 +98,13 @@ def test_a_kept_group_another_run_did_not_take_stays_while_there_is_room(ray_loc
     two beside it) is taken by the next run of one: the same process. Asked for more
     than the cluster has free, the pool stops it."""
     from g2rpo.learner.group import LearnerGroup
-    from g2rpo.orchestration.warm_actors import ray_resources
+    from g2rpo.orchestration.placement import ray_resources
 
     warm = WarmActors()
     options = {"num_cpus": 1}
     assert ray_resources([options, options, {"num_cpus": 0.5, "resources": {"x": 1}}]) == {
         "CPU": 2.5,
-        "x": 1.0,
+        "x": 1,
     }
     try:
         warm.start_run()
