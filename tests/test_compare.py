@@ -104,7 +104,9 @@ def test_compare_trains_evaluates_and_writes_its_files(compared):
     assert evals[-1].name == "it_00002.json"
 
 
-def test_compare_again_resumes_without_retraining_and_refuses_a_changed_spec(compared, world):
+def test_compare_again_resumes_refuses_a_changed_spec_and_takes_a_copied_run(compared, world):
+    import shutil
+
     tmp, spec, root = compared
     log = root / "runs" / "dancegrpo-s0" / "train.log"
     size = log.stat().st_size
@@ -113,6 +115,15 @@ def test_compare_again_resumes_without_retraining_and_refuses_a_changed_spec(com
     changed = load_spec(_spec_file(tmp, world, dance_lr="3.0e-4"))
     with pytest.raises(SpecChanged, match=r"dancegrpo-s0.*optim\.lr"):
         compare(changed, progress=False)
+    # a finished run copied into another comparison with the same settings is taken as
+    # it is: its name and folder differ, not how it trained
+    other = spec.model_copy(update={"name": "copied"})
+    for run in plan_runs(other):
+        shutil.copytree(root / "runs" / run.name, run.run_dir)
+    compare(other, progress=False)
+    copied_log = other.root / "runs" / "dancegrpo-s0" / "train.log"
+    assert copied_log.stat().st_size == size  # not trained again
+    assert json.loads((other.root / "results.json").read_text())["methods"]["dancegrpo"]
 
 
 def test_eval_threads_and_a_run_ending_at_the_equal_iterations_view(compared, tmp_path):
