@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from ..common.stats import across_seeds, seeds_to_resolve
-from ..run_directory.files import finished, read_metrics
+from ..run_directory.files import finished, read_evaluations, read_metrics
+from .compare_curves import curves_at_nfe, curves_table
 from .compare_spec import CompareSpec, PlannedRun
 
 VIEWS = {"budget": "at the budget", "at_iterations": "at equal iterations"}
@@ -82,9 +83,19 @@ def build_results(spec: CompareSpec, runs: list[PlannedRun], evaluations: dict) 
                 for view in views
             },
         }
+    curves = None
+    if spec.budget.curve_at_nfe:
+        curves = curves_at_nfe(
+            {(r.method, r.seed): read_evaluations(r.run_dir) for r in runs},
+            list(spec.methods),
+            spec.reference_method(),
+            headline,
+            spec.budget.curve_at_nfe,
+        )
     return {
         "spec": spec.model_dump(mode="json"),
         "headline_metrics": headline,
+        "curve_at_nfe": curves,
         "views": views,
         "base": {s: v["metrics"] for s, v in evaluations["base"]["splits"].items()},
         "methods": methods,
@@ -205,6 +216,9 @@ def results_table(results: dict) -> str:
                     + " |"
                 )
         out.append("")
+    if results.get("curve_at_nfe"):
+        labels = {m: r["label"] for m, r in results["methods"].items()}
+        out += curves_table(results["curve_at_nfe"], labels, ref)
     out.append("### Runs (Δ vs base: paired over prompts, 95% bootstrap CI)\n")
     cols = [f"{s} {m}" for s in splits for m in head]
     out.append("| run | iterations | training NFEs | wall s | " + " | ".join(cols) + " |")

@@ -35,11 +35,18 @@ class BudgetSpec(Section):
     also_at_iterations: int | None = Field(
         None, ge=1, description="also evaluate every run's checkpoint after this iteration"
     )
+    curve_at_nfe: list[int] = Field(
+        default_factory=list,
+        description="also read every run's training-time held-out evaluations at these "
+        "training NFEs (an earlier budget inside a longer run)",
+    )
 
     @model_validator(mode="after")
     def _one(self) -> BudgetSpec:
         if (self.nfe is None) == (self.iterations is None):
             raise ValueError("give exactly one of nfe and iterations")
+        if any(k < 1 for k in self.curve_at_nfe):
+            raise ValueError(f"curve_at_nfe: every mark must be ≥ 1, got {self.curve_at_nfe}")
         return self
 
 

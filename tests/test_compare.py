@@ -46,7 +46,7 @@ methods:
   dancegrpo:
     set: [algorithm.name=dancegrpo, sampling.eta=0.3, optim.step_mode=per_samples,
           optim.lr={dance_lr}]
-budget: {{iterations: 2, also_at_iterations: 1}}
+budget: {{iterations: 2, also_at_iterations: 1, curve_at_nfe: [100]}}
 eval: {{splits: [held_out], prompts_per_split: 4, samples_per_prompt: 2}}
 """
     path = tmp_path / "spec.yaml"
@@ -102,6 +102,14 @@ def test_compare_trains_evaluates_and_writes_its_files(compared):
     # the runs' training-time evaluations end with the final weights' own
     evals = sorted((root / "runs" / "g2rpo-s0" / "evals").glob("*.json"))
     assert evals[-1].name == "it_00002.json"
+    # budget.curve_at_nfe: the training-time evaluations read at 100 NFEs, linear between
+    # iteration 0's and the next one's
+    first, second = (json.loads(p.read_text()) for p in evals[:2])
+    y0, y1 = (np.mean(e["scores"]["shapes_clip"]) for e in (first, second))
+    expected = (y1 - y0) * 100 / second["nfe_train_total"]
+    curve = results["curve_at_nfe"]["methods"]["g2rpo"]["shapes_clip"]["100"]
+    assert curve["n"] == 1 and curve["mean"] == pytest.approx(expected, abs=1e-12)
+    assert "training-time held-out evaluations at fixed NFEs" in table
 
 
 def test_compare_again_resumes_refuses_a_changed_spec_and_takes_a_copied_run(compared, world):
