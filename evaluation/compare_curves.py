@@ -12,16 +12,24 @@ import numpy as np
 from ..common.stats import across_seeds, seeds_to_resolve
 
 
-def change_at_nfe(evaluations: list[dict], metric: str, nfe: int) -> float | None:
+def change_at_nfe(
+    evaluations: list[dict], metric: str, nfe: int, budget: int | None = None
+) -> float | None:
     """The metric's mean at ``nfe`` training NFEs minus its mean at iteration 0,
-    linear between the two evaluations around ``nfe``. None when the run has no
-    iteration-0 evaluation or did not reach ``nfe``."""
+    linear between the two evaluations around ``nfe``. A mark at or past ``budget``
+    (the comparison's) is read at the run's last evaluation: a run stops before the
+    iteration that would pass its budget, so it ends a little short of it. None when
+    the run has no iteration-0 evaluation or did not reach ``nfe``."""
     points = [
         (e["nfe_train_total"], float(np.mean(e["scores"][metric])))
         for e in evaluations
         if metric in e["scores"]
     ]
-    if len(points) < 2 or points[0][0] != 0 or nfe > points[-1][0]:
+    if len(points) < 2 or points[0][0] != 0:
+        return None
+    if budget is not None and nfe >= budget:
+        nfe = points[-1][0]
+    if nfe > points[-1][0]:
         return None
     x, y = zip(*points, strict=True)
     return float(np.interp(nfe, x, y)) - y[0]
@@ -33,15 +41,16 @@ def curves_at_nfe(
     reference: str,
     metrics: list[str],
     marks: list[int],
+    budget: int | None = None,
 ) -> dict:
     """``evaluations``: each run's training-time evaluations by (method, seed).
     Returns {"runs": {method: {seed: {metric: {mark: change}}}}, "methods": {method:
     {metric: {mark: interval}}}, "vs_reference": {method: {metric: {mark: interval}}}}
-    (marks as strings, JSON's keys)."""
+    (marks as strings, JSON's keys). ``budget``: the comparison's NFE budget."""
     runs: dict = {}
     for (method, seed), evs in evaluations.items():
         runs.setdefault(method, {})[seed] = {
-            m: {str(k): change_at_nfe(evs, m, k) for k in marks} for m in metrics
+            m: {str(k): change_at_nfe(evs, m, k, budget) for k in marks} for m in metrics
         }
     out: dict = {"marks": list(marks), "runs": runs, "methods": {}, "vs_reference": {}}
     for method in (m for m in methods if m in runs):
@@ -89,7 +98,8 @@ def curves_table(curves: dict, labels: dict[str, str], reference: str) -> list[s
     cols = [f"{m} at {k:,} NFEs" for m in metrics for k in marks]
     out = [
         "### training-time held-out evaluations at fixed NFEs (change since each run's "
-        "iteration 0, linear between evaluations; mean over seeds, 95% t-CI)\n",
+        "iteration 0, linear between evaluations, at the budget its last one; mean over "
+        "seeds, 95% t-CI)\n",
         "| method | seeds | " + " | ".join(cols) + " |",
         "|---" * (2 + len(cols)) + "|",
     ]

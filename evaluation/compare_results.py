@@ -91,6 +91,7 @@ def build_results(spec: CompareSpec, runs: list[PlannedRun], evaluations: dict) 
             spec.reference_method(),
             headline,
             spec.budget.curve_at_nfe,
+            spec.budget.nfe,
         )
     return {
         "spec": spec.model_dump(mode="json"),

@@ -22,6 +22,10 @@ def test_change_at_nfe_is_linear_between_evaluations_and_relative_to_iteration_0
     assert change_at_nfe(evs, "r", 201) is None  # not reached
     assert change_at_nfe(evs[1:], "r", 150) is None  # no iteration-0 evaluation
     assert change_at_nfe(evs, "other", 100) is None  # not scored
+    # a run stops short of its budget (the next iteration would pass it): a mark at or
+    # past the comparison's budget is its last evaluation
+    assert change_at_nfe(evs, "r", 210, budget=210) == pytest.approx(0.1)
+    assert change_at_nfe(evs, "r", 150, budget=210) == pytest.approx(0.15)
 
 
 def test_curves_at_nfe_means_over_seeds_and_pairs_the_reference_per_seed():
