@@ -85,6 +85,17 @@ def across_seeds(values, *, confidence: float = CONFIDENCE) -> Interval:
     return Interval(mean, mean - half, mean + half, int(arr.size))
 
 
+def seed_summary(values, *, paired: bool = False) -> dict | None:
+    """:func:`across_seeds` as a dict (None without values). A paired per-seed
+    difference (``paired``, 2 seeds at least) also gives ``seeds_to_resolve``."""
+    if len(values) == 0:
+        return None
+    out = across_seeds(values).as_dict()
+    if paired and len(values) >= 2:
+        out["seeds_to_resolve"] = seeds_to_resolve(values)
+    return out
+
+
 def seeds_to_resolve(values, *, confidence: float = CONFIDENCE, most: int = 10_000) -> int | None:
     """How many seeds a per-seed difference needs before its t-CI excludes zero, if the
     seeds went on as these did (same mean, same standard deviation): the smallest n

@@ -50,19 +50,18 @@ def _config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 # where a run lives, not how it trains: a finished run copied from another comparison
 # (same settings and seed) counts as this comparison's run
-_PLACE = {"run.name", "run.output_dir"}
+_PLACE = ("name", "output_dir")  # of run
 
 
 def check_unchanged(run: PlannedRun) -> None:
     on_disk = run.run_dir / "config.yaml"
     if not on_disk.is_file():
         return
-    old = load_config(on_disk).model_dump(mode="json")
-    diff = [
-        d
-        for d in _config_diff(old, run.config.model_dump(mode="json"))
-        if d.split(":", 1)[0] not in _PLACE
-    ]
+    old, new = (c.model_dump(mode="json") for c in (load_config(on_disk), run.config))
+    for dump in (old, new):
+        for key in _PLACE:
+            del dump["run"][key]
+    diff = _config_diff(old, new)
     if diff:
         raise SpecChanged(
             f"run {run.name} ({run.run_dir}) was trained with other settings: "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..common.stats import across_seeds, seeds_to_resolve
+from ..common.stats import seed_summary
 
 
 def change_at_nfe(
@@ -81,43 +81,5 @@ def curves_at_nfe(
 
 
 def _interval(values: list[float | None], paired: bool = False) -> dict | None:
-    have = [v for v in values if v is not None]
-    if not have:
-        return None
-    iv = across_seeds(have).as_dict()
-    if paired and len(have) >= 2:
-        iv["seeds_to_resolve"] = seeds_to_resolve(have)
-    return iv
-
-
-def curves_table(curves: dict, labels: dict[str, str], reference: str) -> list[str]:
-    """Markdown lines: per method and mark, the change since iteration 0; then the
-    reference minus each method."""
-    marks = curves["marks"]
-    metrics = list(next(iter(curves["methods"].values()))) if curves["methods"] else []
-    cols = [f"{m} at {k:,} NFEs" for m in metrics for k in marks]
-    out = [
-        "### training-time held-out evaluations at fixed NFEs (change since each run's "
-        "iteration 0, linear between evaluations, at the budget its last one; mean over "
-        "seeds, 95% t-CI)\n",
-        "| method | seeds | " + " | ".join(cols) + " |",
-        "|---" * (2 + len(cols)) + "|",
-    ]
-    for method, per in curves["methods"].items():
-        cells = [_fmt(per[m][str(k)]) for m in metrics for k in marks]
-        seeds = len(curves["runs"][method])
-        out.append(f"| {labels[method]} | {seeds} | " + " | ".join(cells) + " |")
-    for method, per in curves["vs_reference"].items():
-        cells = [_fmt(per[m][str(k)]) for m in metrics for k in marks]
-        out.append(f"| {labels[reference]} − {labels[method]} | | " + " | ".join(cells) + " |")
-    out.append("")
-    return out
-
-
-def _fmt(iv: dict | None) -> str:
-    if not iv:
-        return "—"
-    cell = f"{iv['mean']:+.4f} [{iv['lo']:+.4f}, {iv['hi']:+.4f}]"
-    if iv.get("seeds_to_resolve") and iv["lo"] <= 0 <= iv["hi"]:
-        cell += f" ({iv['seeds_to_resolve']} seeds)"
-    return cell
+    """Over the seeds that reached the mark."""
+    return seed_summary([v for v in values if v is not None], paired=paired)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from ..common.stats import across_seeds, seeds_to_resolve
+from ..common.stats import seed_summary
 from ..run_directory.files import finished, read_evaluations, read_metrics
-from .compare_curves import curves_at_nfe, curves_table
+from .compare_curves import curves_at_nfe
 from .compare_spec import CompareSpec, PlannedRun
 
 VIEWS = {"budget": "at the budget", "at_iterations": "at equal iterations"}
@@ -47,15 +47,11 @@ def _run_entry(run: PlannedRun, evaluations: dict) -> dict:
     }
 
 
-def _iv(values: list[float]) -> dict | None:
-    return across_seeds(values).as_dict() if values else None
-
-
 def _aggregate(entries: list[dict], view: str, split: str, metric: str) -> dict:
     have = [e for e in entries if view in e["views"] and split in e["views"][view]]
     levels = [e["views"][view][split]["metrics"][metric]["mean"] for e in have]
     deltas = [e["views"][view][split]["vs_base"][metric]["mean"] for e in have]
-    return {"runs": len(have), "mean": _iv(levels), "vs_base": _iv(deltas)}
+    return {"runs": len(have), "mean": seed_summary(levels), "vs_base": seed_summary(deltas)}
 
 
 def build_results(spec: CompareSpec, runs: list[PlannedRun], evaluations: dict) -> dict:
@@ -72,9 +68,9 @@ def build_results(spec: CompareSpec, runs: list[PlannedRun], evaluations: dict) 
         methods[method] = {
             "label": spec.label(method),
             "seeds": [e["seed"] for e in mine],
-            "iterations": _iv([e["iterations"] for e in mine]),
-            "nfe_train_total": _iv([e["nfe_train_total"] for e in mine]),
-            "wall_s": _iv([e["wall_s"] for e in mine]),
+            "iterations": seed_summary([e["iterations"] for e in mine]),
+            "nfe_train_total": seed_summary([e["nfe_train_total"] for e in mine]),
+            "wall_s": seed_summary([e["wall_s"] for e in mine]),
             "views": {
                 view: {
                     split: {m: _aggregate(mine, view, split, m) for m in all_metrics}
@@ -129,12 +125,9 @@ def _versus_reference(spec, entries, views, splits, metrics) -> dict:
                                 a["views"][view][split]["metrics"][m]["mean"]
                                 - b["views"][view][split]["metrics"][m]["mean"]
                             )
-                    iv = _iv(diffs)
-                    if iv is not None and len(diffs) >= 2:
-                        # how many seeds its mean and seed variance would need (the
-                        # table shows it where the CI holds zero)
-                        iv["seeds_to_resolve"] = seeds_to_resolve(diffs)
-                    out[method][view][split][m] = iv
+                    # with how many seeds its mean and seed variance would need (the
+                    # table shows it where the CI holds zero)
+                    out[method][view][split][m] = seed_summary(diffs, paired=True)
     return out
 
 
@@ -156,6 +149,30 @@ def _versus_cell(iv: dict | None) -> str:
         else:  # seeds_to_resolve: None for a zero mean (never), or past its 10,000
             cell += " (no number of seeds)" if iv["mean"] == 0 else " (over 10,000 seeds)"
     return cell
+
+
+def curves_table(curves: dict, labels: dict[str, str], reference: str) -> list[str]:
+    """Markdown lines for ``curve_at_nfe``: per method and mark, the change since
+    iteration 0; then the reference minus each method."""
+    marks = curves["marks"]
+    metrics = list(next(iter(curves["methods"].values()))) if curves["methods"] else []
+    cols = [f"{m} at {k:,} NFEs" for m in metrics for k in marks]
+    out = [
+        "### training-time held-out evaluations at fixed NFEs (change since each run's "
+        "iteration 0, linear between evaluations, at the budget its last one; mean over "
+        "seeds, 95% t-CI)\n",
+        "| method | seeds | " + " | ".join(cols) + " |",
+        "|---" * (2 + len(cols)) + "|",
+    ]
+    for method, per in curves["methods"].items():
+        cells = [_cell(per[m][str(k)], signed=True) for m in metrics for k in marks]
+        seeds = len(curves["runs"][method])
+        out.append(f"| {labels[method]} | {seeds} | " + " | ".join(cells) + " |")
+    for method, per in curves["vs_reference"].items():
+        cells = [_versus_cell(per[m][str(k)]) for m in metrics for k in marks]
+        out.append(f"| {labels[reference]} − {labels[method]} | | " + " | ".join(cells) + " |")
+    out.append("")
+    return out
 
 
 def results_table(results: dict) -> str:

@@ -3,7 +3,8 @@
 import math
 
 import pytest
-from g2rpo.evaluation.compare_curves import change_at_nfe, curves_at_nfe, curves_table
+from g2rpo.evaluation.compare_curves import change_at_nfe, curves_at_nfe
+from g2rpo.evaluation.compare_results import curves_table
 from g2rpo.evaluation.compare_spec import BudgetSpec
 from pydantic import ValidationError
 
