@@ -47,6 +47,11 @@ class BudgetSpec(Section):
             raise ValueError("give exactly one of nfe and iterations")
         if any(k < 1 for k in self.curve_at_nfe):
             raise ValueError(f"curve_at_nfe: every mark must be ≥ 1, got {self.curve_at_nfe}")
+        if self.nfe is not None and any(k > self.nfe for k in self.curve_at_nfe):
+            # no run reaches it: a run stops at its budget
+            raise ValueError(
+                f"curve_at_nfe: every mark must be ≤ nfe ({self.nfe}), got {self.curve_at_nfe}"
+            )
         return self
 
 

@@ -53,6 +53,9 @@ def test_curves_at_nfe_means_over_seeds_and_pairs_the_reference_per_seed():
     assert f"| A − B | | +0.2000 [{0.2 - half:+.4f}, {0.2 + half:+.4f}] (4 seeds) |" in table
 
 
-def test_a_mark_below_1_is_refused_naming_the_field():
+def test_a_mark_below_1_or_past_the_budget_is_refused_naming_the_field():
     with pytest.raises(ValidationError, match="curve_at_nfe"):
         BudgetSpec(nfe=10, curve_at_nfe=[0, 5])
+    with pytest.raises(ValidationError, match=r"curve_at_nfe: every mark must be ≤ nfe \(10\)"):
+        BudgetSpec(nfe=10, curve_at_nfe=[5, 11])
+    assert BudgetSpec(nfe=10, curve_at_nfe=[5, 10]).curve_at_nfe == [5, 10]
