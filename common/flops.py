@@ -44,6 +44,18 @@ def peak_tflops(device: torch.device | str) -> float | None:
     return None
 
 
+def update_flops(
+    flops_per_nfe: float, forwards: int, no_grad_forwards: int, checkpointing: bool
+) -> float:
+    """FLOPs of a learner update from its sample forwards. A forward with a backward
+    costs about three forwards (the backward about two) and one more when gradient
+    checkpointing recomputes it; one without (an old or reference velocity) costs one."""
+    trained = forwards - no_grad_forwards
+    if trained < 0:
+        raise ValueError(f"{no_grad_forwards} forwards without a backward of {forwards} in all")
+    return flops_per_nfe * (trained * (4 if checkpointing else 3) + no_grad_forwards)
+
+
 def utilisation(flops: float, seconds: float, peak: float | None) -> dict:
     """Achieved TFLOP/s and, when the peak is known, MFU (fraction of it)."""
     tflops = flops / seconds / 1e12 if seconds > 0 else 0.0

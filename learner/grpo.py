@@ -67,6 +67,7 @@ class UpdateStats:
     kl: float
     transitions: int
     nfe_learn: int  # sample forwards of the recompute (and of the KL reference)
+    nfe_learn_no_grad: int  # those of them without a backward (the KL reference's)
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -144,7 +145,7 @@ def grpo_update(
 
     ratios, clipped, norms = [], [], []
     total_loss = total_kl = 0.0
-    nfe = 0
+    nfe = nfe_no_grad = 0
     optimizer.zero_grad(set_to_none=True)
     for group in groups:
         # Chunk by distinct states so memory stays bounded; losses are weighted by
@@ -157,6 +158,7 @@ def grpo_update(
             frac = chunk.numel() / group.numel()
             forwards = int(torch.unique(transitions.state_index[chunk]).numel())
             nfe += forwards * (2 if kl_beta > 0 else 1)
+            nfe_no_grad += forwards if kl_beta > 0 else 0
             loss, stats, kl = chunk_loss(chunk)
             # the backward runs the attention kernels the forward chose: name them
             with naming_backend(getattr(model, "attention_backend", "auto")):
@@ -174,10 +176,10 @@ def grpo_update(
     ratio = torch.cat(ratios) if ratios else torch.ones(0)
     clip = torch.cat(clipped).float() if clipped else torch.zeros(0)
     if share.world > 1:  # the group's numbers: every rank's ratios, sums of the rest
-        parts = gather_objects((ratio, clip, total_loss, total_kl, nfe))
+        parts = gather_objects((ratio, clip, total_loss, total_kl, nfe, nfe_no_grad))
         ratio = torch.cat([p[0] for p in parts])
         clip = torch.cat([p[1] for p in parts])
-        total_loss, total_kl, nfe = (sum(p[i] for p in parts) for i in (2, 3, 4))
+        total_loss, total_kl, nfe, nfe_no_grad = (sum(p[i] for p in parts) for i in (2, 3, 4, 5))
     return UpdateStats(
         loss=total_loss,
         ratio_mean=float(ratio.mean()),
@@ -190,6 +192,7 @@ def grpo_update(
         kl=total_kl,
         transitions=len(transitions),
         nfe_learn=nfe,
+        nfe_learn_no_grad=nfe_no_grad,
     )
 
 

@@ -194,7 +194,7 @@ def forward_process_update(
     pairs = sample_of.numel()
     optimizer.zero_grad(set_to_none=True)
     total_loss = total_kl = 0.0
-    forwards = 0
+    forwards = no_grad = 0  # every sample forward; those without a backward
     every = torch.arange(pairs)
     for rows in share.chunks(every, every, max_batch):  # each pair its own "state"
         s_rows, k_rows = sample_of[rows], step_of[rows]
@@ -209,6 +209,7 @@ def forward_process_update(
             v_old = model(x_t, timestep, c)
         v_theta = model(x_t, timestep, c)
         forwards += 2 * len(rows)
+        no_grad += len(rows)  # the old velocity's
         loss = per_pair_loss(v_theta, v_old, x_t, x0, eps, t, s_rows).mean()
         if old_kl > 0:
             loss = loss + old_kl * ((v_theta - v_old) ** 2).flatten(1).mean(dim=1).mean()
@@ -219,12 +220,13 @@ def forward_process_update(
             loss = loss + kl_beta * kl
             total_kl += float(kl.detach()) * len(rows) / pairs
             forwards += len(rows)
+            no_grad += len(rows)
         (loss * (len(rows) / pairs)).backward()
         total_loss += float(loss.detach()) * len(rows) / pairs
     if share.world > 1:  # the group's gradient and numbers: sums over the ranks
         sum_gradients(params)
-        parts = gather_objects((total_loss, total_kl, forwards))
-        total_loss, total_kl, forwards = (sum(p[i] for p in parts) for i in range(3))
+        parts = gather_objects((total_loss, total_kl, forwards, no_grad))
+        total_loss, total_kl, forwards, no_grad = (sum(p[i] for p in parts) for i in range(4))
     norm = total_norm(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -240,6 +242,7 @@ def forward_process_update(
         "kl": total_kl,
         "transitions": n,
         "nfe_learn": forwards,
+        "nfe_learn_no_grad": no_grad,
         "forward_pairs": pairs,
     }
 

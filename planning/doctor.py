@@ -25,7 +25,7 @@ import torch
 from pydantic import BaseModel
 
 from ..common.config import G2RPOConfig
-from ..common.flops import count_flops, peak_tflops, utilisation
+from ..common.flops import count_flops, peak_tflops, update_flops, utilisation
 from .doctor_report import DoctorReport, PhaseResult
 
 GiB = 2**30
@@ -337,13 +337,17 @@ class Doctor:
         seconds = time.perf_counter() - t0
         if not np.isfinite(stats["loss"]) or not np.isfinite(stats["grad_norm"]):
             raise ValueError(f"non-finite update: loss {stats['loss']}, grad {stats['grad_norm']}")
-        # a backward costs about two forwards; checkpointing recomputes one more
-        passes = 4 if self.cfg.model.gradient_checkpointing else 3
-        flops = getattr(self, "flops_per_nfe", 0) * stats["nfe_learn"] * passes
+        flops = update_flops(
+            getattr(self, "flops_per_nfe", 0),
+            stats["nfe_learn"],
+            stats["nfe_learn_no_grad"],
+            self.cfg.model.gradient_checkpointing,
+        )
         r.details = {
             "optimizer_steps": stats["optimizer_steps"],
             "transitions": stats["transitions"],
             "learner_forwards": stats["nfe_learn"],
+            "learner_forwards_without_backward": stats["nfe_learn_no_grad"],
             "loss": stats["loss"],
             "grad_norm": stats["grad_norm"],
             "clip_fraction": stats["clip_fraction"],

@@ -99,6 +99,28 @@ def test_flop_counter_known_answer():
     assert utilisation(2e12, 2.0, None)["mfu"] is None
 
 
+def test_update_flops_charges_a_backward_only_to_trained_forwards():
+    """The doctor's learner FLOPs: measured on a layer, then DiffusionNFT's update on
+    FLUX's recipe (216 pairs, each a trained, an old and a reference forward), which the
+    first GPU run's doctor had charged a backward for all 648 (MFU 0.71 instead of 0.36)."""
+    from g2rpo.common.flops import count_flops, update_flops
+
+    layer = torch.nn.Linear(32, 16, bias=False)
+    x = torch.randn(8, 32, requires_grad=True)
+    one = count_flops(lambda: layer(x))
+
+    def trained_and_frozen():
+        layer(x).sum().backward()
+        with torch.no_grad():
+            layer(x)
+
+    assert update_flops(one, 2, 1, checkpointing=False) == count_flops(trained_and_frozen)
+    assert update_flops(1.0, 648, 432, checkpointing=True) == 216 * 4 + 432
+    assert update_flops(1.0, 8, 0, checkpointing=False) == 24
+    with pytest.raises(ValueError, match="without a backward"):
+        update_flops(1.0, 2, 3, checkpointing=False)
+
+
 def test_checkpointing_func_gives_the_recompute_the_forwards_input_dtype():
     """FSDP2 casts a block's inputs to its param dtype in the forward, but torch 2.11
     skips that cast when the backward recomputes the block (float32 then, bfloat16

@@ -182,6 +182,11 @@ def test_kl_to_reference_is_zero_for_the_same_model_and_positive_after_a_step():
     opt2 = torch.optim.SGD(model2.parameters(), lr=0.0)
     zero = _update(model2, opt2, result, adv, cond, **kw)
     assert zero.kl == 0.0
+    # every recomputed state is also run through the reference, without a backward
+    states = int(torch.unique(result.transitions.state_index).numel())
+    assert zero.nfe_learn == 2 * states and zero.nfe_learn_no_grad == states
+    plain = _update(model2, opt2, result, adv, cond, step_mode="per_sde_step")
+    assert plain.nfe_learn == states and plain.nfe_learn_no_grad == 0
     with pytest.raises(ValueError, match="reference_model"):
         _update(model2, opt2, result, adv, cond, kl_beta=0.1)
 

@@ -556,6 +556,8 @@ def test_nft_plan_and_a_learner_update_with_its_old_policy_checkpointed():
     before = [w.clone() for w in learner.old.weights]
     stats = learner.update([batch])
     assert stats["nfe_learn"] == 6 * 5 * 3 and stats["transitions"] == 6
+    # of each pair's three forwards only the trained velocity's has a backward
+    assert stats["nfe_learn_no_grad"] == 6 * 5 * 2
     lam = 0.001  # one optimizer step: min(0.001·1, 0.5)
     for w, b, p in zip(learner.old.weights, before, learner.trainable, strict=True):
         torch.testing.assert_close(w, lam * b + (1 - lam) * p.detach())
