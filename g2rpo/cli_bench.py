@@ -187,6 +187,23 @@ def _cmd_bench_verification(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_plan_memory(args: argparse.Namespace) -> int:
+    from g2rpo.benchmarks.plan_memory import bench_plan_memory
+
+    result = bench_plan_memory(args.device, tuple(args.sizes))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    s = result.pop("settings")
+    print(f"peak memory of one call, measured vs planned ({s['device_name']}, torch {s['torch']})")
+    for name, r in result.items():
+        print(
+            f"  {name:28s} measured {r['measured_gib']:7.3f} GiB  traced {r['traced_gib']:7.3f}  "
+            f"plan {r['plan_gib']:7.3f}  measured/plan {r['measured_over_plan']:.3f}"
+        )
+    return 0
+
+
 def _cmd_bench_precision(args: argparse.Namespace) -> int:
     from g2rpo.benchmarks.precision import bench_precision
 
@@ -337,3 +354,11 @@ def add_bench_parsers(sub) -> None:
     pr.add_argument("--device", default=None, help="cpu | cuda (default: the config's)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=_cmd_bench_precision)
+    pm = bench_sub.add_parser(
+        "plan-memory",
+        help="the memory plan's VAE decode and transformer call vs the same calls on a CUDA GPU",
+    )
+    pm.add_argument("--device", default="cuda")
+    pm.add_argument("--sizes", type=int_list, default=[512, 720], help="image sizes, px")
+    pm.add_argument("--json", action="store_true")
+    pm.set_defaults(func=_cmd_bench_plan_memory)

@@ -38,6 +38,23 @@ SCORER_PARAMS = {
 }
 SCORER_IMAGE_BYTES = 16 * 2**20  # ViT-H at 224²: 257 tokens × (5120 + 3·1280) × bf16 ×2
 SCORING_BATCH = 64
+# On CUDA the sampler's calls hold more than their CPU fake-tensor traces. Measured on an
+# H200 (torch 2.11, cuDNN on, random FLUX.1-dev weights; docs/benchmarks.md, "The second
+# GPU run"): a VAE decode of n images at 512² and 720² (n = 1, 4) held its traced bytes
+# per image x (1.25 n + 0.33..0.38) (cuDNN's convolution workspaces and copies the trace
+# does not see), and a 2+4-block transformer call 1.058..1.068x its trace. The factors are
+# rounded up so every measured call is at or under them; they apply only to CUDA plans.
+CUDA_VAE_PER_IMAGE = 1.25
+CUDA_VAE_PER_CALL = 0.39  # of one image's traced bytes, whatever the call's size
+CUDA_SAMPLER_FORWARD = 1.07
+
+
+def vae_decode_call(per_image: int, images: int, cuda: bool) -> int:
+    """Peak transient bytes of one VAE decode call of ``images`` images, from one
+    image's traced bytes."""
+    if not cuda:
+        return per_image * images
+    return int(per_image * (CUDA_VAE_PER_IMAGE * images + CUDA_VAE_PER_CALL))
 
 
 @dataclass
@@ -170,10 +187,16 @@ def _sampler(cfg, archs, name: str, rows: int, leaves: int, live_states: int) ->
         lora=None,
     )["bytes"]
     decode = min(s.decode_batch, leaves)
+    cuda = m.device.startswith("cuda")
     vae = vae_decode_activations(archs["vae"], hw)
-    forward, decoding = one * batch, vae * decode
+    # the engine gathers each call's prompt embeddings (the trace takes them as inputs)
+    te_bytes = _BYTES[m.dtype] if m.dtype != "float32" else 4
+    tr = archs["transformer"]
+    rows = cfg.train.max_sequence_length * tr["joint_attention_dim"] + tr["pooled_projection_dim"]
+    forward = int((one * (CUDA_SAMPLER_FORWARD if cuda else 1.0) + rows * te_bytes) * batch)
+    decoding = vae_decode_call(vae, decode, cuda)
     if forward >= decoding:
-        parts[f"transformer forward ({batch} samples)"] = forward
+        parts[f"transformer forward ({batch} samples and their prompt embeddings)"] = forward
     else:
         parts[f"VAE decode ({decode} images)"] = decoding
     return ActorPlan(actor=name, count=0, gpus=0.0, parts=parts)

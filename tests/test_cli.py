@@ -92,6 +92,8 @@ def test_bench_engine_human_output():
         (("bench", "engine", "--sde-steps", "0,x"), "comma-separated integers"),
         (("bench", "engine", "--size", "test", "--steps", "4", "--sde-steps", "3"), "T-2"),
         (("bench", "engine", "--device", "cuda"), "CUDA"),
+        (("bench", "plan-memory", "--device", "cpu"), "CUDA allocator"),
+        (("bench", "plan-memory"), "no CUDA device"),
         (("config", "show", "--set", "sampling.group_size=1"), "sampling.group_size"),
         (("config", "show", "--config", "/nonexistent.yaml"), "not found"),
     ],

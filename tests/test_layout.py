@@ -41,7 +41,7 @@ LAYERS = {
         "evaluation",
         "planning",
     },
-    "benchmarks": {"common", "reward_server", "rollout_worker", "learner"},
+    "benchmarks": {"common", "reward_server", "rollout_worker", "learner", "planning"},
     "g2rpo": set(FOLDERS),
 }
 
