@@ -209,7 +209,10 @@ class TrainConfig(Section):
     image_size: int = Field(512, ge=16, description="generated images' side, in pixels")
     max_sequence_length: int = Field(512, ge=1, description="T5 prompt tokens")
     threads: int = Field(
-        1, ge=1, description="torch CPU threads in each rollout worker, evaluator and learner rank"
+        1,
+        ge=1,
+        description="torch CPU threads in each rollout worker, evaluator, learner rank and "
+        "the run's own reward replicas",
     )
     placement_timeout_s: float = Field(
         600.0, gt=0, description="fail when an actor is not placed by then (names the request)"

@@ -9,11 +9,15 @@ import ray
 
 
 def where_am_i() -> dict:
-    """Called inside an actor: its node, process and the resources Ray gave it."""
+    """Called inside an actor: its node, process, the resources Ray gave it and the
+    torch CPU threads it computes with (a run's numbers depend on them)."""
+    import torch
+
     ctx = ray.get_runtime_context()
     return {
         "node_id": ctx.get_node_id(),
         "node_ip": ray.util.get_node_ip_address(),
         "pid": os.getpid(),
         "resources": {k: v for k, v in ctx.get_assigned_resources().items() if v},
+        "torch_threads": torch.get_num_threads(),
     }

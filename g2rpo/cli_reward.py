@@ -46,6 +46,7 @@ def _server_settings(args: argparse.Namespace):
         heartbeat_ttl_s=args.heartbeat_ttl,
         device=args.device,
         dtype=args.dtype,
+        threads=args.threads,
     )
     if getattr(args, "replica_id", None):
         fields["replica_id"] = args.replica_id
@@ -108,6 +109,13 @@ def _server_arguments(p: argparse.ArgumentParser, port: int) -> None:
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
         help="model scorers' weights (auto: bfloat16 on CUDA, float32 on CPU)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads for scoring (default: torch's, from OMP_NUM_THREADS); a "
+        "score's last bits depend on it",
     )
     p.add_argument("--max-batch", type=int, default=64, help="images per scorer call")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="batching window")

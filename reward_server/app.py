@@ -142,7 +142,12 @@ class ServerState:
 
 
 def load_scorers(settings: ServerSettings) -> dict[str, Scorer]:
-    """Every scorer the settings name, loaded on their device."""
+    """Every scorer the settings name, loaded on their device (in a process scoring
+    with ``settings.threads`` CPU threads, when given)."""
+    if settings.threads is not None:
+        import torch
+
+        torch.set_num_threads(settings.threads)
     built = {}
     for spec in settings.scorers:
         kwargs = {"path": spec.path} if spec.path else {}

@@ -35,8 +35,10 @@ class RewardReplica:
     meanwhile, it takes a new one and the driver hands the new URL out with the next
     iteration."""
 
-    def __init__(self, scorers: str, token: str, redis_url: str | None, device: str) -> None:
-        self.args = (scorers, token, redis_url, device)
+    def __init__(
+        self, scorers: str, token: str, redis_url: str | None, device: str, threads: int
+    ) -> None:
+        self.args = (scorers, token, redis_url, device, threads)
         self.server = None
         self.thread: threading.Thread | None = None
         self.error: str | None = None
@@ -50,7 +52,7 @@ class RewardReplica:
     def _settings(self):
         from .settings import ScorerSpec, ServerSettings
 
-        scorers, token, redis_url, device = self.args
+        scorers, token, redis_url, device, threads = self.args
         settings = ServerSettings(
             scorers=[ScorerSpec.parse(s) for s in scorers.split(",") if s.strip()],
             host=ray.util.get_node_ip_address(),
@@ -58,6 +60,7 @@ class RewardReplica:
             redis_url=redis_url,
             token=token,
             device=device,
+            threads=threads,
         )
         settings.check_scorers()
         settings.check_device()

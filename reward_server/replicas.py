@@ -52,7 +52,7 @@ class RewardSource:
         device = "cuda" if r.num_gpus > 0 else "cpu"
         self.replicas = [
             RewardReplica.options(**options).remote(
-                ",".join(specs.values()), self.token, register, device
+                ",".join(specs.values()), self.token, register, device, cfg.train.threads
             )
             for _ in range(count)
         ]

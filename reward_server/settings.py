@@ -50,6 +50,13 @@ class ServerSettings(BaseModel):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="model scorers' weights: auto = bfloat16 on CUDA, float32 on CPU"
     )
+    # A score's last bits depend on how many threads split its matrix products, and an RL
+    # run carries a 1e-7 reward difference into a different run within tens of iterations.
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch CPU threads for scoring (default: torch's own, from OMP_NUM_THREADS)",
+    )
 
     def url(self) -> str:
         return self.advertise_url or f"http://{self.host}:{self.port}"

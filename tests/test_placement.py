@@ -144,6 +144,8 @@ def test_actors_land_where_their_resources_are(two_nodes, world, tmp_path):
     assert placement["learner"]["resources"]["trainer"] == 1
     (replica,) = placement["reward_replicas"]
     assert replica["node_id"] == head and replica["resources"]["scorer"] == 1
+    actors = [*placement["rollout_workers"], *placement["learners"], replica]
+    assert {a["torch_threads"] for a in actors} == {1}  # train.threads, recorded
     # it listens on the node's address (not loopback), so it served the run behind a token
     assert replica["url"].startswith(f"http://{replica['node_ip']}:")
     assert not replica["url"].startswith("http://127.")
@@ -188,12 +190,16 @@ def test_job_replicas_need_the_job_token_restart_and_stop(two_nodes, world):
         [
             "train.reward.replicas=1",
             f"train.reward.scorers=[shapes_clip={world / 'shapes_clip'}]",
+            "train.threads=2",
         ],
     )
     source = RewardSource(cfg, None)
     try:
         (replica,) = source.replicas
         ray.get(replica.ready.remote())
+        # scores with the run's threads, not those its process inherited (Ray gives a
+        # 1-CPU actor OMP_NUM_THREADS=1): a score's last bits depend on them
+        assert ray.get(replica.placement.remote())["torch_threads"] == 2
         source.refresh()
         (url,), token = source.replica_urls, source.token
         assert httpx.get(f"{url}/v1/scorers").status_code == 401
