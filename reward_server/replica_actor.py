@@ -36,7 +36,12 @@ class RewardReplica:
     iteration."""
 
     def __init__(
-        self, scorers: str, token: str, redis_url: str | None, device: str, threads: int
+        self,
+        scorers: str,
+        token: str,
+        redis_url: str | None,
+        device: str,
+        threads: int | None = None,  # None: torch's own (OMP_NUM_THREADS)
     ) -> None:
         self.args = (scorers, token, redis_url, device, threads)
         self.server = None
