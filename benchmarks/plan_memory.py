@@ -2,9 +2,12 @@
 calls run on a CUDA device. For FLUX.1-dev's VAE (a decode of 1 and 4 images) and its
 transformer at a few blocks (one no-grad call of batch 1 and 4), at each image size:
 the caching allocator's peak above what was allocated before the call, the CPU
-fake-tensor trace of the same call, and what ``g2rpo plan`` counts for it on CUDA
-(``planning.estimate``'s factors over the trace). ``measured / plan`` above 1 means
-the plan undercounts that call. Random weights; nothing is downloaded."""
+fake-tensor trace of the same call (one sample's, times the batch), and what ``g2rpo
+plan`` counts for it on CUDA (``planning.estimate.vae_decode_call`` and
+``sampler_forward_call``; the call's inputs, the prompt embeddings among them, exist
+before it and are not in the measured peak, so not in the plan column either).
+``measured / plan`` above 1 means the plan undercounts that call. Random weights;
+nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -80,33 +83,33 @@ def bench_plan_memory(
             out[f"vae_decode_{px}px_{n}"] = _row(measured, per_image * n, planned)
     del vae
     with torch.device(dev), trace.default_dtype(torch.bfloat16):
-        model = trace._transformer(tr_cfg, *blocks)
+        model = trace.build_transformer(tr_cfg, *blocks)
     model.requires_grad_(False).eval()
     for px in sizes:
         hw = latent_size(vae_cfg, px, px)
         velocity = FluxVelocity(model, *hw, guidance=3.5, autocast_dtype=torch.bfloat16)
+        shape = dict(
+            latent_hw=hw,
+            text_tokens=512,
+            weights_dtype="bfloat16",
+            autocast_dtype="bfloat16",
+            train=False,
+            checkpointing=False,
+            lora=None,
+        )
+        per_sample = trace.trace_transformer_once(tr_cfg, *blocks, batch=1, **shape)
         for batch in (1, 4):
-            shape = dict(
-                batch=batch,
-                latent_hw=hw,
-                text_tokens=512,
-                weights_dtype="bfloat16",
-                autocast_dtype="bfloat16",
-                train=False,
-                checkpointing=False,
-                lora=None,
-            )
-            traced = trace._trace_transformer_once(tr_cfg, *blocks, **shape)
             with torch.device(dev):  # the call's inputs exist before it, as the trace's do
-                x, t, cond = trace._inputs(tr_cfg, batch, hw, 512)
+                x, t, cond = trace.transformer_inputs(tr_cfg, batch, hw, 512)
 
             def forward(x=x, t=t, cond=cond, velocity=velocity):
                 with torch.no_grad():
                     return velocity(x, t, cond)
 
             measured = _peak_above_start(forward, dev)
-            planned = traced * estimate.CUDA_SAMPLER_FORWARD
+            # the plan's term without the prompt embeddings (here inputs made before the call)
+            planned = estimate.sampler_forward_call(per_sample, batch, 0, cuda=True)
             out[f"transformer_{blocks[0]}+{blocks[1]}_{px}px_{batch}"] = _row(
-                measured, traced, planned
+                measured, per_sample * batch, planned
             )
     return out

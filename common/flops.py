@@ -45,15 +45,22 @@ def peak_tflops(device: torch.device | str) -> float | None:
 
 
 def update_flops(
-    flops_per_nfe: float, forwards: int, no_grad_forwards: int, checkpointing: bool
+    flops_per_nfe: float,
+    forwards: int,
+    no_grad_forwards: int,
+    checkpointing: bool,
+    frozen_base: bool = False,
 ) -> float:
     """FLOPs of a learner update from its sample forwards. A forward with a backward
-    costs about three forwards (the backward about two) and one more when gradient
-    checkpointing recomputes it; one without (an old or reference velocity) costs one."""
+    costs a forward plus the backward's gradients: of the inputs (one forward's worth)
+    and of the weights (another, unless the base is frozen, as under LoRA, whose
+    adapters cost next to nothing), plus one more forward when gradient checkpointing
+    recomputes it. A forward without a backward (an old or reference velocity) costs one."""
     trained = forwards - no_grad_forwards
     if trained < 0:
-        raise ValueError(f"{no_grad_forwards} forwards without a backward of {forwards} in all")
-    return flops_per_nfe * (trained * (4 if checkpointing else 3) + no_grad_forwards)
+        raise ValueError(f"no_grad_forwards ({no_grad_forwards}) exceeds forwards ({forwards})")
+    passes = 1 + 1 + (0 if frozen_base else 1) + (1 if checkpointing else 0)
+    return flops_per_nfe * (trained * passes + no_grad_forwards)
 
 
 def utilisation(flops: float, seconds: float, peak: float | None) -> dict:

@@ -342,6 +342,7 @@ class Doctor:
             stats["nfe_learn"],
             stats["nfe_learn_no_grad"],
             self.cfg.model.gradient_checkpointing,
+            frozen_base=self.cfg.model.lora is not None,
         )
         r.details = {
             "optimizer_steps": stats["optimizer_steps"],

@@ -44,9 +44,17 @@ SCORING_BATCH = 64
 # per image x (1.25 n + 0.33..0.38) (cuDNN's convolution workspaces and copies the trace
 # does not see), and a 2+4-block transformer call 1.058..1.068x its trace. The factors are
 # rounded up so every measured call is at or under them; they apply only to CUDA plans.
+# (The prompt embeddings a sampler call gathers are counted on every device.)
 CUDA_VAE_PER_IMAGE = 1.25
 CUDA_VAE_PER_CALL = 0.39  # of one image's traced bytes, whatever the call's size
 CUDA_SAMPLER_FORWARD = 1.07
+
+
+def sampler_forward_call(per_sample: int, batch: int, embedding: int, cuda: bool) -> int:
+    """Peak bytes of one no-grad transformer call of ``batch`` samples, from one
+    sample's traced bytes, plus the prompt embeddings the engine gathers for the call
+    (``embedding`` bytes a sample; the trace takes them as inputs), on any device."""
+    return int((per_sample * (CUDA_SAMPLER_FORWARD if cuda else 1.0) + embedding) * batch)
 
 
 def vae_decode_call(per_image: int, images: int, cuda: bool) -> int:
@@ -153,7 +161,7 @@ def _latent_hw(archs, cfg) -> tuple[int, int]:
 
 
 def _text_encoders(cfg, archs, parts: dict) -> None:
-    te_bytes = _BYTES[cfg.model.dtype] if cfg.model.dtype != "float32" else 4
+    te_bytes = _BYTES[cfg.model.dtype]  # the encoders and their outputs are in model.dtype
     for name, label in (("text_encoder", "CLIP text encoder"), ("text_encoder_2", "T5 encoder")):
         parts[f"{label} weights"] = parameter_counts(name, archs[name])["total"] * te_bytes
 
@@ -189,11 +197,10 @@ def _sampler(cfg, archs, name: str, rows: int, leaves: int, live_states: int) ->
     decode = min(s.decode_batch, leaves)
     cuda = m.device.startswith("cuda")
     vae = vae_decode_activations(archs["vae"], hw)
-    # the engine gathers each call's prompt embeddings (the trace takes them as inputs)
-    te_bytes = _BYTES[m.dtype] if m.dtype != "float32" else 4
     tr = archs["transformer"]
-    rows = cfg.train.max_sequence_length * tr["joint_attention_dim"] + tr["pooled_projection_dim"]
-    forward = int((one * (CUDA_SAMPLER_FORWARD if cuda else 1.0) + rows * te_bytes) * batch)
+    per_prompt = cfg.train.max_sequence_length * tr["joint_attention_dim"]
+    embedding = (per_prompt + tr["pooled_projection_dim"]) * _BYTES[m.dtype]
+    forward = sampler_forward_call(one, batch, embedding, cuda)
     decoding = vae_decode_call(vae, decode, cuda)
     if forward >= decoding:
         parts[f"transformer forward ({batch} samples and their prompt embeddings)"] = forward

@@ -124,7 +124,7 @@ def _fake_mode():
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
-def _transformer(config: dict, layers: int, single: int):
+def build_transformer(config: dict, layers: int, single: int):
     from diffusers import FluxTransformer2DModel
 
     cfg = {k: v for k, v in config.items() if not k.startswith("_")}
@@ -132,7 +132,7 @@ def _transformer(config: dict, layers: int, single: int):
     return FluxTransformer2DModel.from_config(cfg)
 
 
-def _inputs(config: dict, batch: int, latent_hw: tuple[int, int], text_tokens: int):
+def transformer_inputs(config: dict, batch: int, latent_hw: tuple[int, int], text_tokens: int):
     h, w = latent_hw
     x = torch.randn(batch, (h // 2) * (w // 2), config["in_channels"])
     t = torch.rand(batch)
@@ -143,7 +143,7 @@ def _inputs(config: dict, batch: int, latent_hw: tuple[int, int], text_tokens: i
     return x, t, cond
 
 
-def _trace_transformer_once(
+def trace_transformer_once(
     config: dict,
     layers: int,
     single: int,
@@ -159,7 +159,7 @@ def _trace_transformer_once(
 ) -> int:
     with _fake_mode():
         with default_dtype(getattr(torch, weights_dtype)):
-            model = _transformer(config, layers, single)
+            model = build_transformer(config, layers, single)
         if lora is not None:
             from ..common.config import LoraOptions
             from ..common.lora import add_lora
@@ -175,7 +175,7 @@ def _trace_transformer_once(
             guidance=3.5,
             autocast_dtype=getattr(torch, autocast_dtype) if autocast_dtype else None,
         )
-        x, t, cond = _inputs(config, batch, latent_hw, text_tokens)
+        x, t, cond = transformer_inputs(config, batch, latent_hw, text_tokens)
         tracker = ActivationPeakTracker(grads=train)
         tracker.track_external(model)
         with tracker:
@@ -199,9 +199,9 @@ def transformer_activations(config: dict, **shape) -> dict:
 
     def compute() -> dict:
         if not shape["train"]:  # no grad: one block's temporaries at a time
-            peak = _trace_transformer_once(config, 1, 1, **shape)
+            peak = trace_transformer_once(config, 1, 1, **shape)
             return {"bytes": peak, "per_double": 0, "per_single": 0, "base": peak}
-        (p11, p21, p12) = (_trace_transformer_once(config, a, b, **shape) for a, b in _DEPTHS)
+        (p11, p21, p12) = (trace_transformer_once(config, a, b, **shape) for a, b in _DEPTHS)
         per_double, per_single = p21 - p11, p12 - p11
         base = p11 - per_double - per_single
         total = base + per_double * arch["num_layers"] + per_single * arch["num_single_layers"]

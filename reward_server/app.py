@@ -142,12 +142,7 @@ class ServerState:
 
 
 def load_scorers(settings: ServerSettings) -> dict[str, Scorer]:
-    """Every scorer the settings name, loaded on their device (in a process scoring
-    with ``settings.threads`` CPU threads, when given)."""
-    if settings.threads is not None:
-        import torch
-
-        torch.set_num_threads(settings.threads)
+    """Every scorer the settings name, loaded on their device."""
     built = {}
     for spec in settings.scorers:
         kwargs = {"path": spec.path} if spec.path else {}
@@ -155,6 +150,15 @@ def load_scorers(settings: ServerSettings) -> dict[str, Scorer]:
             spec.name, device=settings.device, dtype=settings.dtype, **kwargs
         )
     return built
+
+
+def pin_threads(settings: ServerSettings) -> None:
+    """Score with ``settings.threads`` torch CPU threads, when given (the server's whole
+    process: call it where the server starts)."""
+    if settings.threads is not None:
+        import torch
+
+        torch.set_num_threads(settings.threads)
 
 
 def _load_scorers(state: ServerState) -> dict[str, Scorer]:
@@ -180,6 +184,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings, metrics = state.settings, state.metrics
     if state.replica_id is not None:
         settings.replica_id = state.replica_id()
+    pin_threads(settings)
     loaded = await asyncio.to_thread(_load_scorers, state)
     for name, scorer in loaded.items():
         batcher = DynamicBatcher(

@@ -94,13 +94,14 @@ class RewardReplica:
 
     def _start(self) -> None:
         from ..common.net import free_port
-        from .app import load_scorers
+        from .app import load_scorers, pin_threads
 
         with self._lock:
             if self.thread is not None and self.thread.is_alive():
                 return
             try:
                 settings = self._settings()
+                pin_threads(settings)
                 # loaded once, here, so a scorer that cannot load raises its own error
                 scorers = load_scorers(settings)
                 port_file = _port_file()

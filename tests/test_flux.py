@@ -100,9 +100,10 @@ def test_flop_counter_known_answer():
 
 
 def test_update_flops_charges_a_backward_only_to_trained_forwards():
-    """The doctor's learner FLOPs: measured on a layer, then DiffusionNFT's update on
-    FLUX's recipe (216 pairs, each a trained, an old and a reference forward), which the
-    first GPU run's doctor had charged a backward for all 648 (MFU 0.71 instead of 0.36)."""
+    """The doctor's learner FLOPs: measured on a layer (trained, frozen, and frozen with
+    a trained input as under LoRA), then DiffusionNFT's LoRA update on FLUX's recipe (216
+    pairs, each a trained, an old and a reference forward), which the second GPU run's
+    doctor had charged a full backward for all 648 (MFU 0.71 instead of 0.30)."""
     from g2rpo.common.flops import count_flops, update_flops
 
     layer = torch.nn.Linear(32, 16, bias=False)
@@ -115,9 +116,12 @@ def test_update_flops_charges_a_backward_only_to_trained_forwards():
             layer(x)
 
     assert update_flops(one, 2, 1, checkpointing=False) == count_flops(trained_and_frozen)
-    assert update_flops(1.0, 648, 432, checkpointing=True) == 216 * 4 + 432
+    base = torch.nn.Linear(32, 16, bias=False).requires_grad_(False)  # LoRA's frozen base
+    lora_like = update_flops(one, 1, 0, checkpointing=False, frozen_base=True)
+    assert lora_like == count_flops(lambda: base(x).sum().backward())
+    assert update_flops(1.0, 648, 432, checkpointing=True, frozen_base=True) == 216 * 3 + 432
     assert update_flops(1.0, 8, 0, checkpointing=False) == 24
-    with pytest.raises(ValueError, match="without a backward"):
+    with pytest.raises(ValueError, match=r"no_grad_forwards \(3\) exceeds forwards \(2\)"):
         update_flops(1.0, 2, 3, checkpointing=False)
 
 

@@ -104,7 +104,7 @@ def _equal_updates(one: LearnerCore, group: LearnerGroup, batches) -> dict:
         assert stats_two[key] == pytest.approx(stats_one[key], rel=1e-5, abs=1e-7), key
     # sums in another order: float32 rounding, relative to the loss (NFT's is ~3)
     assert stats_two["loss"] == pytest.approx(stats_one["loss"], rel=1e-6, abs=1e-7)
-    for key in ("nfe_learn", "transitions", "optimizer_steps"):
+    for key in ("nfe_learn", "nfe_learn_no_grad", "transitions", "optimizer_steps"):
         assert stats_two[key] == stats_one[key], key
     return after_one
 
