@@ -157,8 +157,9 @@ def grpo_update(
                 continue
             frac = chunk.numel() / group.numel()
             forwards = int(torch.unique(transitions.state_index[chunk]).numel())
-            nfe += forwards * (2 if kl_beta > 0 else 1)
-            nfe_no_grad += forwards if kl_beta > 0 else 0
+            ref_forwards = forwards if ref is not None else 0  # no backward
+            nfe += forwards + ref_forwards
+            nfe_no_grad += ref_forwards
             loss, stats, kl = chunk_loss(chunk)
             # the backward runs the attention kernels the forward chose: name them
             with naming_backend(getattr(model, "attention_backend", "auto")):
