@@ -1,7 +1,7 @@
 """``g2rpo bench plan-memory``: the memory planner's sampler terms against the same
 calls run on a CUDA device. For FLUX.1-dev's VAE (a decode of 1 and 4 images) and its
-transformer at a few blocks (one no-grad call of batch 1 and 4), at each image size:
-the caching allocator's peak above what was allocated before the call, the CPU
+transformer at a few blocks (one no-grad call of each batch, 1 and 4 by default), at
+each image size: the caching allocator's peak above what was allocated before the call, the CPU
 fake-tensor trace of the same call (one sample's, times the batch), and what ``g2rpo
 plan`` counts for it on CUDA (``planning.estimate.vae_decode_call`` and
 ``sampler_forward_call``; the call's inputs, the prompt embeddings among them, exist
@@ -41,7 +41,10 @@ def _row(measured: int, traced: float, planned: float) -> dict[str, float]:
 
 
 def bench_plan_memory(
-    device: str = "cuda", sizes: tuple[int, ...] = (512, 720), blocks: tuple[int, int] = (2, 4)
+    device: str = "cuda",
+    sizes: tuple[int, ...] = (512, 720),
+    blocks: tuple[int, int] = (2, 4),
+    batches: tuple[int, ...] = (1, 4),
 ) -> dict[str, Any]:
     from diffusers import AutoencoderKL
 
@@ -64,6 +67,7 @@ def bench_plan_memory(
             "cudnn": torch.backends.cudnn.enabled,
             "sizes": list(sizes),
             "blocks": list(blocks),
+            "batches": list(batches),
         }
     }
     arch = {k: v for k, v in vae_cfg.items() if not k.startswith("_")}
@@ -98,7 +102,7 @@ def bench_plan_memory(
             lora=None,
         )
         per_sample = trace.trace_transformer_once(tr_cfg, *blocks, batch=1, **shape)
-        for batch in (1, 4):
+        for batch in batches:
             with torch.device(dev):  # the call's inputs exist before it, as the trace's do
                 x, t, cond = trace.transformer_inputs(tr_cfg, batch, hw, 512)
 

@@ -210,6 +210,12 @@ class OptimConfig(Section):
         "flow_grpo's (its log-prob drops the variance, log r' = 2τ²·log r; pair it with its "
         "clip range, 1e-5)",
     )
+    implementation: Literal["auto", "fused", "foreach", "for_loop"] = Field(
+        "auto",
+        description="AdamW's kernels: auto is fused on CUDA (no float32 scratch the size of "
+        "the trained weights in the step; foreach, torch's CUDA default, holds one) and "
+        "torch's default elsewhere (for_loop on the CPU); the same update up to rounding",
+    )
     adv_eps: float = Field(1e-8, gt=0)
     adv_spread_tol: float = Field(
         1e-7, ge=0, description="groups spreading less get zero advantage"

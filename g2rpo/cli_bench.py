@@ -190,7 +190,7 @@ def _cmd_bench_verification(args: argparse.Namespace) -> int:
 def _cmd_bench_plan_memory(args: argparse.Namespace) -> int:
     from g2rpo.benchmarks.plan_memory import bench_plan_memory
 
-    result = bench_plan_memory(args.device, tuple(args.sizes))
+    result = bench_plan_memory(args.device, tuple(args.sizes), batches=tuple(args.batches))
     if args.json:
         print(json.dumps(result))
         return 0
@@ -360,5 +360,8 @@ def add_bench_parsers(sub) -> None:
     )
     pm.add_argument("--device", default="cuda")
     pm.add_argument("--sizes", type=int_list, default=[512, 720], help="image sizes, px")
+    pm.add_argument(
+        "--batches", type=int_list, default=[1, 4], help="samples in each transformer call"
+    )
     pm.add_argument("--json", action="store_true")
     pm.set_defaults(func=_cmd_bench_plan_memory)

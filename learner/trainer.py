@@ -33,6 +33,7 @@ from .checkpoints import (
 from .distributed import SINGLE, RankShare, shard_transformer
 from .grpo import StepSpec, grpo_update
 from .nft import OldPolicy, forward_core_update
+from .optimizer import adamw
 from .tree_pruning import chain_of_slot, width_pruned_rows
 
 
@@ -190,13 +191,7 @@ class LearnerCore:
         self.old = OldPolicy(self.trainable) if cfg.algorithm.name in FORWARD_PROCESS else None
         self.optimizer_steps = 0
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(
-            self.trainable,
-            lr=o.lr,
-            betas=o.betas,
-            eps=o.eps,
-            weight_decay=o.weight_decay,
-        )
+        self.optimizer = adamw(self.trainable, o, cfg.model.device)
         sde_type = cfg.sde_type()
         grid = sampling_grid(
             cfg.sampling.num_steps, cfg.sampling.shift, cfg.model.quantize_timestep

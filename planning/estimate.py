@@ -6,7 +6,8 @@ fake-tensor traces (``trace.py``), which scale linearly in the batch. A learner'
 figure is the steady state of an update with more than one micro-batch per optimizer
 step: weights + the previous micro-batch's gradients + AdamW's states + one
 micro-batch of ``train.learner.max_batch`` states' activations (an upper bound when a
-micro-batch is all of an optimizer step, whose gradients only grow in its backward).
+micro-batch is all of an optimizer step, whose gradients only grow in its backward), or
+the optimizer step's scratch where that is larger (AdamW's foreach kernel).
 """
 
 from __future__ import annotations
@@ -229,6 +230,7 @@ def evaluator(cfg: G2RPOConfig, archs) -> ActorPlan:
 
 
 def learner_rank(cfg: G2RPOConfig, archs) -> ActorPlan:
+    from ..learner.optimizer import adamw_kernel
     from ..learner.trainer import sharded_learner
 
     m, t = cfg.model, cfg.train
@@ -286,6 +288,15 @@ def learner_rank(cfg: G2RPOConfig, archs) -> ActorPlan:
         parts[f"autocast cache ({m.dtype} weight copies)"] = cache
     else:
         parts[f"activations ({batch} states, {saved})"] = acts * batch
+    # AdamW's step runs after the backward has freed its activations and gather buffers;
+    # the foreach kernel's float32 scratch (√v̂ + ε of every trained parameter at once) is
+    # counted where it outgrows them (learner/optimizer.py)
+    if adamw_kernel(cfg.optim, m.device) == "foreach":
+        transient = ("FSDP", "activations", "autocast cache")
+        backward = sum(v for k, v in parts.items() if k.startswith(transient))
+        excess = 4 * trainable // ranks - backward
+        if excess > 0:
+            parts[f"AdamW foreach scratch (float32{shard}) beyond the backward's"] = excess
     return ActorPlan(
         actor="learner rank", count=t.learner.count, gpus=t.learner.num_gpus, parts=parts
     )
