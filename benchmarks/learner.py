@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..common.config import LoraOptions
+from ..common.config_algorithm import OptimConfig
 from ..common.errors import UsageError
 from ..common.flops import count_flops, peak_tflops, utilisation
 from ..common.flux import (
@@ -24,6 +25,7 @@ from ..common.flux import (
 from ..common.lora import add_lora
 from ..common.schedules import sampling_grid
 from ..learner.grpo import StepSpec, grpo_update
+from ..learner.optimizer import adamw, adamw_kernel
 from ..rollout_worker.engine import RolloutEngine, draw_noise
 from ..rollout_worker.plan import g2rpo_plan
 
@@ -58,10 +60,12 @@ def bench_learner(
     lora_rank: int = 16,
     repeats: int = 3,
     attention_backend: str = "auto",
+    adamw_implementation: str = "auto",
     seed: int = 0,
 ) -> dict[str, Any]:
     """One GRPO update per repeat (the best time counts), full and LoRA, on the same
-    transitions. FLOPs (forward + backward) are counted by torch's flop counter."""
+    transitions. FLOPs (forward + backward) are counted by torch's flop counter; on CUDA
+    the allocator's peak of the timed updates is reported too."""
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda asked for, but torch sees no CUDA device")
@@ -70,6 +74,7 @@ def bench_learner(
     autocast = None if dtype == "float32" else torch.bfloat16
     latent = latent_size or (64 if dev.type == "cuda" else 8)
     sde_steps = sde_steps or [0, 1, 2, 3]
+    adamw_options = OptimConfig(lr=1e-6, implementation=adamw_implementation)
     gen = torch.Generator().manual_seed(seed)
     cfg = tiny_flux_config(size)
     base = build_tiny_flux(size, seed=seed).to(dev)  # fp32 master weights, as the learner
@@ -103,6 +108,7 @@ def bench_learner(
             "transitions": len(transitions),
             "step_mode": "per_sde_step",
             "repeats": repeats,
+            "adamw_kernel": adamw_kernel(adamw_options, device),
         },
         "bf16_peak_tflops": peak,
     }
@@ -118,7 +124,7 @@ def bench_learner(
             autocast_dtype=autocast,
             attention_backend=attention_backend,
         )
-        optimizer = torch.optim.AdamW(params, lr=1e-6)
+        optimizer = adamw(params, adamw_options, device)
 
         def update(model=model, params=params, optimizer=optimizer):
             return grpo_update(
@@ -136,6 +142,8 @@ def bench_learner(
         stats = update()  # warm-up (kernels, optimizer state)
         flops = count_flops(update)
         best = float("inf")
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
         for _ in range(repeats):
             _sync(dev)
             start = time.perf_counter()
@@ -148,6 +156,11 @@ def bench_learner(
             "forward_samples": stats.nfe_learn,
             "optimizer_steps": stats.optimizer_steps,
             "flops_per_update": flops,
+            "peak_gib": (
+                round(torch.cuda.max_memory_allocated(dev) / 2**30, 3)
+                if dev.type == "cuda"
+                else None
+            ),
             **utilisation(flops, best, peak),
         }
         del transformer, model, optimizer

@@ -42,6 +42,7 @@ def _cmd_bench_engine(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         progress=not args.json and sys.stderr.isatty(),
         attention_backend=args.attention_backend,
+        adamw_implementation=args.adamw,
     )
     if args.json:
         print(json.dumps(result))
@@ -315,6 +316,12 @@ def add_bench_parsers(sub) -> None:
         "--attention-backend",
         choices=["auto", "flash", "efficient", "cudnn", "math"],
         default="auto",
+    )
+    ln.add_argument(
+        "--adamw",
+        choices=["auto", "fused", "foreach", "for_loop"],
+        default="auto",
+        help="AdamW's kernel (optim.implementation)",
     )
     ln.add_argument("--json", action="store_true")
     ln.set_defaults(func=_cmd_bench_learner)
