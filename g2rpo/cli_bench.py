@@ -42,7 +42,6 @@ def _cmd_bench_engine(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         progress=not args.json and sys.stderr.isatty(),
         attention_backend=args.attention_backend,
-        adamw_implementation=args.adamw,
     )
     if args.json:
         print(json.dumps(result))
@@ -118,6 +117,7 @@ def _cmd_bench_learner(args: argparse.Namespace) -> int:
         lora_rank=args.lora_rank,
         repeats=args.repeats,
         attention_backend=args.attention_backend,
+        adamw_implementation=args.adamw,
     )
     if args.json:
         print(json.dumps(result))

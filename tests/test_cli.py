@@ -239,10 +239,14 @@ def test_bench_learner_json():
         "1",
         "--lora-rank",
         "2",
+        "--adamw",
+        "foreach",
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     full, lora = result["full"], result["lora"]
+    assert result["settings"]["adamw_kernel"] == "foreach"
+    assert full["peak_gib"] is None  # the allocator's peak is CUDA's only
     assert result["settings"]["transitions"] == 1 * 4 * 2  # prompts · SDE steps · G
     assert full["forward_samples"] == lora["forward_samples"] == 4  # one per (prompt, k)
     assert full["optimizer_steps"] == 4  # per SDE step
