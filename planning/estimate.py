@@ -254,6 +254,9 @@ def learner_rank(cfg: G2RPOConfig, archs) -> ActorPlan:
     if sharded:  # the block being computed and the one prefetched, unsharded
         gather = _BYTES[m.dtype] if mp else 4
         parts["FSDP all-gather buffers (2 blocks)"] = 2 * counts["largest_block"] * gather
+        # a block's gradients, unsharded in the compute dtype, until their reduce-scatter
+        # (the H200's FSDP learner held one FLUX double block's beyond the terms above)
+        parts["FSDP gradients being reduced (1 block)"] = counts["largest_block"] * gather
     if cfg.algorithm.name == "flowgrpo" and cfg.algorithm.flowgrpo.kl_beta > 0 and lora is None:
         parts[f"KL reference copy (float32{shard})"] = 4 * total // ranks
     hw = _latent_hw(archs, cfg)

@@ -176,6 +176,35 @@ def test_cuda_plan_holds_the_rollout_peak_measured_on_an_h200(tmp_path, run):
     assert 0.975 * measured <= planned <= 1.05 * measured
 
 
+ADAMW_RUN = ROOT / "docs" / "results" / "gpu-h200-2026-11-27-adamw"
+
+
+@pytest.mark.parametrize(
+    "run, kernel", [("doctor_flux_2x4_fused", "auto"), ("doctor_flux_2x4_foreach", "foreach")]
+)
+def test_cuda_learner_plan_holds_the_learn_peak_measured_on_an_h200(tmp_path, run, kernel):
+    """flux_hps's one-rank FSDP bf16 learner at FLUX.1-dev's width: the `learn` phase's
+    peak against the plan of the same run. Its update batched one state a forward (one
+    prompt; the G branches of an SDE step share the anchor's state), so the plan is taken
+    at max_batch 1. The fused step's peak is the backward (which held a block's gradients
+    being reduced, 0.6 GiB the plan once missed); foreach's is its step scratch (1.04 GiB
+    over the plan without it)."""
+    for name in COMPONENTS:
+        arch = preset_config("flux1-dev", name)
+        if name == "transformer":
+            arch.update(num_layers=2, num_single_layers=4)
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(arch))
+    path = ROOT / "configs" / "flux_hps.yaml"
+    over = [*SHAPES, f"model.pretrained={tmp_path}", f"optim.implementation={kernel}"]
+    # the doctor's learner is a one-rank group
+    cfg = load_config(path, [*over, "train.learner.count=1", "train.learner.max_batch=1"])
+    phases = {p["phase"]: p for p in json.loads((ADAMW_RUN / f"{run}.json").read_text())["phases"]}
+    measured = phases["learn"]["peak_gib"]
+    planned = _actor(plan(cfg), "learner rank").peak / GiB
+    assert 0.995 * measured <= planned <= 1.01 * measured
+
+
 def test_cuda_factors_hold_every_call_bench_plan_memory_measured():
     """Each call `g2rpo bench plan-memory` ran on the H200, against what today's factors
     make of its trace: at or over the measured peak, by at most 5%."""
