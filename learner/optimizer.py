@@ -33,3 +33,13 @@ def adamw(params: Iterable[torch.nn.Parameter], optim: OptimConfig, device: str)
         fused=kernel == "fused",
         foreach=kernel == "foreach",
     )
+
+
+def keep_kernel(optimizer: torch.optim.Optimizer, optim: OptimConfig, device: str) -> None:
+    """After ``load_state_dict``: a checkpoint's param groups carry the kernel flags of
+    the optimizer that saved it (torch's defaults before ``optim.implementation``, or
+    another device's); the kernel is the config's, so set it back."""
+    kernel = adamw_kernel(optim, device)
+    for group in optimizer.param_groups:
+        group["fused"] = kernel == "fused"
+        group["foreach"] = kernel == "foreach"

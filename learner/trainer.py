@@ -33,7 +33,7 @@ from .checkpoints import (
 from .distributed import SINGLE, RankShare, shard_transformer
 from .grpo import StepSpec, grpo_update
 from .nft import OldPolicy, forward_core_update
-from .optimizer import adamw
+from .optimizer import adamw, keep_kernel
 from .tree_pruning import chain_of_slot, width_pruned_rows
 
 
@@ -409,6 +409,7 @@ class LearnerCore:
             )
         else:
             self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        keep_kernel(self.optimizer, self.cfg.optim, self.cfg.model.device)
         return self.iteration
 
     def _check_kind(self, state: dict) -> None:
@@ -428,6 +429,7 @@ class LearnerCore:
         else:
             self.transformer.load_state_dict(state["transformer"])
         self.optimizer.load_state_dict(state["optimizer"])
+        keep_kernel(self.optimizer, self.cfg.optim, self.cfg.model.device)
         self.version = state["version"]
         self.iteration = state["iteration"]
         if self.old is not None:

@@ -38,3 +38,22 @@ def test_every_kernel_takes_the_same_adamw_steps(kernel):
         m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
         ref = ref - lr * (m / (1 - b1**n)) / ((v / (1 - b2**n)).sqrt() + eps)
     assert torch.allclose(p.detach(), ref, atol=1e-6)
+
+
+def test_a_checkpoint_does_not_carry_its_kernel_into_a_resumed_learner(tmp_path):
+    """Param groups saved by one kernel (torch's defaults before optim.implementation
+    existed, or another device's) load with the flags of the config that resumes."""
+    from pathlib import Path
+
+    from g2rpo.common.config import load_config
+    from g2rpo.learner.trainer import LearnerCore
+
+    world = Path(__file__).resolve().parents[1] / "assets" / "shapes-world" / "pipeline"
+    small = [f"model.pretrained={world}", "rewards=[{name: shapes_clip}]"]
+    saver = LearnerCore(load_config(None, [*small, "optim.implementation=foreach"]))
+    assert saver.optimizer.param_groups[0]["foreach"] is True
+    saver.save(str(tmp_path / "ckpt.pt"))
+    resumed = LearnerCore(load_config(None, small))  # auto: the loop on the CPU
+    resumed.load(str(tmp_path / "ckpt.pt"))
+    for group in resumed.optimizer.param_groups:
+        assert group["foreach"] is False and group["fused"] is False
