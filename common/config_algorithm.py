@@ -214,7 +214,7 @@ class OptimConfig(Section):
         "auto",
         description="AdamW's kernels: auto is fused on CUDA (no float32 scratch the size of "
         "the trained weights in the step; foreach, torch's CUDA default, holds one) and "
-        "torch's default elsewhere (for_loop on the CPU); the same update up to rounding",
+        "for_loop elsewhere (torch's default on the CPU); the same update up to rounding",
     )
     adv_eps: float = Field(1e-8, gt=0)
     adv_spread_tol: float = Field(

@@ -16,7 +16,7 @@ from ..common.config_algorithm import OptimConfig
 
 def adamw_kernel(optim: OptimConfig, device: str) -> str:
     """The kernel ``optim.implementation`` picks on ``device`` (auto: fused on CUDA,
-    torch's CPU default, the per-parameter loop, elsewhere)."""
+    the per-parameter loop, torch's CPU default, on any other device)."""
     if optim.implementation != "auto":
         return optim.implementation
     return "fused" if torch.device(device).type == "cuda" else "for_loop"
