@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The third GPU run's three device calls: `bash device_calls.sh 1|2|3` from the repository
 # root on the device, with the wheels (diffusers, pydantic and its deps, the project's own)
-# in .whl/; writes $OUT/r.tgz. Call 1 at fc622b6, 2 at 0a7d0bd, 3 at 99327ad.
+# in .whl/; writes $OUT/r.tgz. Call 1 at dcd583e, 2 at 0a7d0bd, 3 at 99327ad.
 set -uo pipefail
 o="$OUT/r"; mkdir -p "$o"; log="$o/log.txt"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
