@@ -155,21 +155,31 @@ DOCTOR_RUNS = {
 }
 
 
+def _flux_architecture(directory: Path, blocks: tuple[int, int]) -> Path:
+    """FLUX.1-dev's component configs at (double, single) transformer blocks, as
+    --random-weights flux1-dev --blocks builds them: the plan reads only config.json."""
+    for name in COMPONENTS:
+        arch = preset_config("flux1-dev", name)
+        if name == "transformer":
+            arch.update(num_layers=blocks[0], num_single_layers=blocks[1])
+        (directory / name).mkdir()
+        (directory / name / "config.json").write_text(json.dumps(arch))
+    return directory
+
+
+def _doctor_phases(folder: Path, run: str) -> dict[str, dict]:
+    return {p["phase"]: p for p in json.loads((folder / f"{run}.json").read_text())["phases"]}
+
+
 @pytest.mark.parametrize("run", sorted(DOCTOR_RUNS))
 def test_cuda_plan_holds_the_rollout_peak_measured_on_an_h200(tmp_path, run):
     """The rollout phase's measured peak against today's plan of the same config. Before
     the CUDA factors (planning/estimate.py) the plan was 2.8-10.4% under in all four."""
     config, over, blocks = DOCTOR_RUNS[run]
-    if blocks is not None:  # the architecture alone: the plan reads config.json files
-        for name in COMPONENTS:
-            arch = preset_config("flux1-dev", name)
-            if name == "transformer":
-                arch.update(num_layers=blocks[0], num_single_layers=blocks[1])
-            (tmp_path / name).mkdir()
-            (tmp_path / name / "config.json").write_text(json.dumps(arch))
-        over = [*over, f"model.pretrained={tmp_path}"]
+    if blocks is not None:
+        over = [*over, f"model.pretrained={_flux_architecture(tmp_path, blocks)}"]
     cfg = load_config(ROOT / "configs" / f"{config}.yaml", [*SHAPES, *over])
-    phases = {p["phase"]: p for p in json.loads((GPU_RUN / f"{run}.json").read_text())["phases"]}
+    phases = _doctor_phases(GPU_RUN, run)
     measured = phases["rollout"]["peak_gib"]
     planned = _actor(plan(cfg), "rollout worker").peak / GiB
     # the FLUX-width run's 48-sample call is still 1.9% over the plan (benchmarks.md)
@@ -189,17 +199,12 @@ def test_cuda_learner_plan_holds_the_learn_peak_measured_on_an_h200(tmp_path, ru
     at max_batch 1. The fused step's peak is the backward (which held a block's gradients
     being reduced, 0.6 GiB the plan once missed); foreach's is its step scratch (1.04 GiB
     over the plan without it)."""
-    for name in COMPONENTS:
-        arch = preset_config("flux1-dev", name)
-        if name == "transformer":
-            arch.update(num_layers=2, num_single_layers=4)
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.json").write_text(json.dumps(arch))
+    arch = _flux_architecture(tmp_path, (2, 4))
     path = ROOT / "configs" / "flux_hps.yaml"
-    over = [*SHAPES, f"model.pretrained={tmp_path}", f"optim.implementation={kernel}"]
+    over = [*SHAPES, f"model.pretrained={arch}", f"optim.implementation={kernel}"]
     # the doctor's learner is a one-rank group
     cfg = load_config(path, [*over, "train.learner.count=1", "train.learner.max_batch=1"])
-    phases = {p["phase"]: p for p in json.loads((ADAMW_RUN / f"{run}.json").read_text())["phases"]}
+    phases = _doctor_phases(ADAMW_RUN, run)
     measured = phases["learn"]["peak_gib"]
     planned = _actor(plan(cfg), "learner rank").peak / GiB
     assert 0.995 * measured <= planned <= 1.01 * measured
@@ -235,38 +240,12 @@ def test_vae_decode_call_on_cuda_and_elsewhere():
     assert _actor(plan(gpu), "rollout worker").peak > _actor(plan(cpu), "rollout worker").peak
 
 
-def test_learner_estimate_within_10_percent_of_the_traced_update():
+def _traced_second_update(cfg) -> int:
+    """The traced peak of a learner's second update on one rollout of PROMPTS (AdamW's
+    states exist from the first on: the plan's steady state)."""
     from g2rpo.learner.trainer import LearnerCore
     from g2rpo.rollout_worker.worker import RolloutWorkerCore
 
-    # several micro-batches per optimizer step: the plan's steady state
-    cfg = load_config(None, [*SMALL, "train.learner.max_batch=2", "optim.step_mode=accumulate"])
-    worker = RolloutWorkerCore(cfg, 0)
-    plan_, cond, result, _ = worker.sample(0, PROMPTS)
-    rewards = {"shapes_clip": torch.rand(len(plan_.leaves))}
-    batch = worker.trajectories(0, PROMPTS, plan_, cond, result, rewards)
-    core = LearnerCore(cfg)
-    core.update([batch])  # AdamW's states exist from here on
-
-    def update():
-        batch.version = core.version
-        core.update([batch])
-
-    traced = _traced_peak(update, core.transformer, core.optimizer)
-    estimate = _actor(plan(cfg), "learner rank").peak
-    assert estimate == pytest.approx(traced, rel=0.10)
-
-
-def test_learner_plan_counts_adamw_foreach_scratch_where_it_outgrows_the_backward():
-    """torch's foreach AdamW (its CUDA default) holds a float32 scratch the size of the
-    trained weights in its step, after the backward has freed the activations: with one
-    state a micro-batch it is the update's peak. Traced, the plan is within 3% with the
-    scratch term and 7% under without it (an H200 full fine-tune: docs/benchmarks.md)."""
-    from g2rpo.learner.trainer import LearnerCore
-    from g2rpo.rollout_worker.worker import RolloutWorkerCore
-
-    over = [*SMALL, "train.learner.max_batch=1", "optim.step_mode=accumulate"]
-    cfg = load_config(None, [*over, "optim.implementation=foreach"])
     worker = RolloutWorkerCore(cfg, 0)
     plan_, cond, result, _ = worker.sample(0, PROMPTS)
     rewards = {"shapes_clip": torch.rand(len(plan_.leaves))}
@@ -278,7 +257,25 @@ def test_learner_plan_counts_adamw_foreach_scratch_where_it_outgrows_the_backwar
         batch.version = core.version
         core.update([batch])
 
-    traced = _traced_peak(update, core.transformer, core.optimizer)
+    return _traced_peak(update, core.transformer, core.optimizer)
+
+
+def test_learner_estimate_within_10_percent_of_the_traced_update():
+    # several micro-batches per optimizer step: the plan's steady state
+    cfg = load_config(None, [*SMALL, "train.learner.max_batch=2", "optim.step_mode=accumulate"])
+    traced = _traced_second_update(cfg)
+    estimate = _actor(plan(cfg), "learner rank").peak
+    assert estimate == pytest.approx(traced, rel=0.10)
+
+
+def test_learner_plan_counts_adamw_foreach_scratch_where_it_outgrows_the_backward():
+    """torch's foreach AdamW (its CUDA default) holds a float32 scratch the size of the
+    trained weights in its step, after the backward has freed the activations: with one
+    state a micro-batch it is the update's peak. Traced, the plan is within 3% with the
+    scratch term and 7% under without it (an H200 full fine-tune: docs/benchmarks.md)."""
+    over = [*SMALL, "train.learner.max_batch=1", "optim.step_mode=accumulate"]
+    cfg = load_config(None, [*over, "optim.implementation=foreach"])
+    traced = _traced_second_update(cfg)
     learner = _actor(plan(cfg), "learner rank")
     scratch = [v for k, v in learner.parts.items() if k.startswith("AdamW foreach scratch")]
     assert len(scratch) == 1
