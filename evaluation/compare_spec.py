@@ -27,6 +27,11 @@ CONTROL = "algorithm.control=true"
 class MethodSpec(Section):
     set: list[str] = Field(default_factory=list, description="overrides of this method")
     label: str | None = Field(None, description="name in tables and plots")
+    control_of: str | None = Field(
+        None,
+        description="the shuffled-advantage control of this method: its overrides, then "
+        "this one's, then algorithm.control=true",
+    )
 
 
 class BudgetSpec(Section):
@@ -89,9 +94,25 @@ class CompareSpec(Section):
                 raise ValueError(f"methods: name {name!r} must be letters, digits, - or _")
         if self.reference is not None and self.reference not in self.methods:
             raise ValueError(f"reference {self.reference!r} is not one of the methods")
+        for name, m in self.methods.items():
+            if m.control_of is None:
+                continue
+            target = self.methods.get(m.control_of)
+            if target is None or target.control_of is not None:
+                raise ValueError(
+                    f"methods.{name}.control_of: {m.control_of!r} is not one of the methods "
+                    "without a control_of of its own"
+                )
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds has duplicates: {self.seeds}")
         return self
+
+    def method_overrides(self, method: str) -> list[str]:
+        """The method's own overrides; a control's are its method's, its own, and CONTROL."""
+        m = self.methods[method]
+        if m.control_of is None:
+            return list(m.set)
+        return [*self.methods[m.control_of].set, *m.set, CONTROL]
 
     @property
     def root(self) -> Path:
@@ -145,12 +166,12 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
         budget = [f"run.iterations={b.iterations}", "run.nfe_budget=null"]
     pinned = [f"train.checkpoints.at=[{b.also_at_iterations}]"] if b.also_at_iterations else []
     runs = []
-    for method, m in spec.methods.items():
+    for method in spec.methods:
         for seed in spec.seeds:
             name = f"{method}-s{seed}"
             overrides = [
                 *spec.set,
-                *m.set,
+                *spec.method_overrides(method),
                 f"run.seed={seed}",
                 f"run.name={name}",
                 f"run.output_dir={spec.root / 'runs'}",

@@ -6,6 +6,7 @@ trained."""
 from pathlib import Path
 
 import pytest
+from g2rpo.common.config import ConfigError
 from g2rpo.evaluation.compare_spec import load_spec, plan_runs
 
 SPECS = sorted((Path(__file__).parents[1] / "configs" / "compare").glob("*.yaml"))
@@ -21,3 +22,24 @@ def test_a_shipped_spec_plans_every_run(path):
     runs = plan_runs(spec)
     assert len(runs) == len(spec.methods) * len(spec.seeds)
     assert len({r.name for r in runs}) == len(runs)
+
+
+def test_a_control_is_its_method_with_shuffled_advantages_and_a_bad_one_is_named():
+    path = SPECS[0].parent / "methods.yaml"
+    spec = load_spec(path)
+    runs = {r.name: r.config for r in plan_runs(spec)}
+    for method, control in (
+        ("g2rpo", "control"),
+        ("awm", "awm_control"),
+        ("flowgrpo_fast", "flowgrpo_fast_control"),
+    ):
+        assert spec.methods[control].control_of == method
+        run, shuffled = runs[f"{method}-s0"], runs[f"{control}-s0"]
+        assert not run.algorithm.control and shuffled.algorithm.control
+        # everything else is the method's: its algorithm, rate and schedule
+        assert shuffled.algorithm.model_copy(update={"control": False}) == run.algorithm
+        assert shuffled.optim == run.optim and shuffled.sampling == run.sampling
+    # a method that is not there, and a control of a control
+    for bad in ("nope", "control"):
+        with pytest.raises(ConfigError, match=rf"methods\.awm_control\.control_of: '{bad}'"):
+            load_spec(path, [f"methods.awm_control.control_of={bad}"])
