@@ -11,7 +11,9 @@ A diagnostic beside the reward tables (docs/results.md, "Every newer method besi
 control"), not a reward.
 
     .venv/bin/python docs/results/methods_newer_controls/weight_change.py \
-        runs/compare/methods g2rpo,control,awm,awm_control
+        configs/compare/methods.yaml g2rpo,control,awm,awm_control
+
+The runs and the base are the spec's (``plan_runs``); runs not finished are left out.
 """
 
 import itertools
@@ -19,6 +21,9 @@ import sys
 from pathlib import Path
 
 import torch
+from g2rpo.common.paths import resolve_path
+from g2rpo.evaluation.compare_spec import load_spec, plan_runs
+from g2rpo.run_directory.files import finished
 from safetensors.torch import load_file
 
 WEIGHTS = "transformer/diffusion_pytorch_model.safetensors"
@@ -33,14 +38,15 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b / (a.norm() * b.norm()))
 
 
-def main(root: Path, methods: list[str], base_dir: Path) -> None:
-    base = load_file(base_dir / WEIGHTS)
+def main(spec_path: Path, methods: list[str]) -> None:
+    runs = plan_runs(load_spec(spec_path))
+    base = load_file(resolve_path(runs[0].config.model.pretrained) / WEIGHTS)
     size = torch.cat([v.double().flatten() for _, v in sorted(base.items())]).norm()
     print("| method | runs | ‖θ − θ₀‖ / ‖θ₀‖, mean [min, max] | cosine between seeds' moves |")
     print("|---|---|---|---|")
     for method in methods:
-        files = [root / "runs" / f"{method}-s{seed}" / "final" / WEIGHTS for seed in range(100)]
-        moves = [move(load_file(f), base) for f in files if f.is_file()]
+        done = [r.run_dir for r in runs if r.method == method and finished(r.run_dir)]
+        moves = [move(load_file(d / "final" / WEIGHTS), base) for d in done]
         if not moves:
             continue
         change = [float(m.norm() / size) for m in moves]
@@ -51,5 +57,4 @@ def main(root: Path, methods: list[str], base_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    base_dir = Path(sys.argv[3]) if len(sys.argv) > 3 else Path("assets/shapes-world/pipeline")
-    main(Path(sys.argv[1]), sys.argv[2].split(","), base_dir)
+    main(Path(sys.argv[1]), sys.argv[2].split(","))
