@@ -39,7 +39,11 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main(spec_path: Path, methods: list[str]) -> None:
-    runs = plan_runs(load_spec(spec_path))
+    spec = load_spec(spec_path)
+    unknown = [m for m in methods if m not in spec.methods]
+    if unknown:
+        sys.exit(f"methods {unknown} are not in {spec_path} (it has {list(spec.methods)})")
+    runs = plan_runs(spec)
     base = load_file(resolve_path(runs[0].config.model.pretrained) / WEIGHTS)
     size = torch.cat([v.double().flatten() for _, v in sorted(base.items())]).norm()
     print("| method | runs | ‖θ − θ₀‖ / ‖θ₀‖, mean [min, max] | cosine between seeds' moves |")
