@@ -34,16 +34,13 @@ import sys
 from pathlib import Path
 
 import torch
-from g2rpo.common.paths import resolve_path
 from g2rpo.common.stats import seed_summary
-from g2rpo.evaluation.compare_spec import load_spec, plan_runs
 from g2rpo.evaluation.evaluate import EvalSettings, evaluate_policy
 from g2rpo.evaluation.metrics import make_scorers
 from g2rpo.evaluation.policy import load_policy, resolve_policy
-from g2rpo.run_directory.files import finished
 from safetensors.torch import load_file
+from weight_change import WEIGHTS, finished_runs  # the script beside this one
 
-WEIGHTS = "transformer/diffusion_pytorch_model.safetensors"
 GROUPS = {
     "embed": r"^(x_embedder|context_embedder|time_text_embed)\.",
     "adaln": r"(^|\.)norm[^.]*\.linear\.",
@@ -102,16 +99,11 @@ def held_out_clip(comps, settings, scorers, weights: dict) -> float:
 
 
 def measure(spec_path: Path, methods: list[str], cache: Path, variants: list[str]) -> dict:
-    spec = load_spec(spec_path)
-    unknown = [m for m in methods if m not in spec.methods]
-    if unknown:
-        sys.exit(f"methods {unknown} are not in {spec_path} (it has {list(spec.methods)})")
-    runs = [r for r in plan_runs(spec) if r.method in methods and finished(r.run_dir)]
+    runs, base = finished_runs(spec_path, methods)
     done = json.loads(cache.read_text()) if cache.exists() else {}
     comps = load_policy(resolve_policy(runs[0].run_dir))
     settings = EvalSettings.for_run(runs[0].config, splits=["held_out"])
     scorers = make_scorers(settings.scorers, settings.device)
-    base = load_file(resolve_path(runs[0].config.model.pretrained) / WEIGHTS)
     if "base" not in done:
         done["base"] = held_out_clip(comps, settings, scorers, base)
     for run in runs:

@@ -38,18 +38,25 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b / (a.norm() * b.norm()))
 
 
-def main(spec_path: Path, methods: list[str]) -> None:
+def finished_runs(spec_path: Path, methods: list[str]) -> tuple[list, dict]:
+    """The spec's finished runs of ``methods`` (in plan order) and the base's transformer
+    weights; exits naming a method the spec does not have."""
     spec = load_spec(spec_path)
     unknown = [m for m in methods if m not in spec.methods]
     if unknown:
         sys.exit(f"methods {unknown} are not in {spec_path} (it has {list(spec.methods)})")
-    runs = plan_runs(spec)
-    base = load_file(resolve_path(runs[0].config.model.pretrained) / WEIGHTS)
+    planned = plan_runs(spec)
+    base = load_file(resolve_path(planned[0].config.model.pretrained) / WEIGHTS)
+    return [r for r in planned if r.method in methods and finished(r.run_dir)], base
+
+
+def main(spec_path: Path, methods: list[str]) -> None:
+    runs, base = finished_runs(spec_path, methods)
     size = torch.cat([v.double().flatten() for _, v in sorted(base.items())]).norm()
     print("| method | runs | ‖θ − θ₀‖ / ‖θ₀‖, mean [min, max] | cosine between seeds' moves |")
     print("|---|---|---|---|")
     for method in methods:
-        done = [r.run_dir for r in runs if r.method == method and finished(r.run_dir)]
+        done = [r.run_dir for r in runs if r.method == method]
         moves = [move(load_file(d / "final" / WEIGHTS), base) for d in done]
         if not moves:
             continue
