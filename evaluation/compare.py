@@ -357,7 +357,7 @@ def compare(
     for run in runs:
         check_unchanged(run)
     spec.root.mkdir(parents=True, exist_ok=True)
-    (spec.root / "spec.json").write_text(json.dumps(spec.model_dump(mode="json"), indent=1))
+    (spec.root / "spec.json").write_text(json.dumps(spec.record(), indent=1))
     if train:
         train_runs(spec, runs, progress, train_one=train_one)
     missing = [r.name for r in runs if finished(r.run_dir) is None]

@@ -90,7 +90,7 @@ def build_results(spec: CompareSpec, runs: list[PlannedRun], evaluations: dict) 
             spec.budget.nfe,
         )
     return {
-        "spec": spec.model_dump(mode="json"),
+        "spec": spec.record(),
         "headline_metrics": headline,
         "curve_at_nfe": curves,
         "views": views,

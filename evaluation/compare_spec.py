@@ -1,6 +1,11 @@
 """A comparison's spec (YAML, ``--set`` overrides as ``train``): methods × seeds from
 one base config, a budget in training NFEs or iterations, and how the trained
-models are evaluated. Every run's config is resolved and validated up front."""
+models are evaluated. Every run's config is resolved and validated up front.
+
+A method may start from another's overrides instead of repeating them: ``extends:
+mixgrpo`` (a method of this spec) or ``extends: methods.yaml#mixgrpo`` (a method of
+another spec, the file found beside this one), then its own ``set`` on top, so one
+method's settings live in one place and a sweep only says what it changes."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from ..common.config import (
     ConfigError,
@@ -31,6 +36,11 @@ class MethodSpec(Section):
         None,
         description="the shuffled-advantage control of this method: its overrides, then "
         "this one's, then algorithm.control=true",
+    )
+    extends: str | None = Field(
+        None,
+        description="start from this method's overrides, then this one's: a method of this "
+        "spec, or FILE#METHOD for one of another spec beside this one",
     )
 
 
@@ -86,6 +96,8 @@ class CompareSpec(Section):
     reference: str | None = Field(
         None, description="the method others are compared with in pairs (default: the first)"
     )
+    # FILE#METHOD -> that method's overrides, read by load_spec
+    _other_specs: dict[str, list[str]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _names(self) -> CompareSpec:
@@ -95,24 +107,65 @@ class CompareSpec(Section):
         if self.reference is not None and self.reference not in self.methods:
             raise ValueError(f"reference {self.reference!r} is not one of the methods")
         for name, m in self.methods.items():
-            if m.control_of is None:
-                continue
-            target = self.methods.get(m.control_of)
-            if target is None or target.control_of is not None:
+            if m.control_of is not None and m.extends is not None:
                 raise ValueError(
-                    f"methods.{name}.control_of: {m.control_of!r} is not one of the methods "
-                    "without a control_of of its own"
+                    f"methods.{name}: give one of control_of and extends (a control "
+                    "already starts from its method's overrides)"
                 )
+            for field, target in (("control_of", m.control_of), ("extends", m.extends)):
+                if target is None or (field == "extends" and _other_spec(target)):
+                    continue
+                if target not in self.methods or target == name:
+                    raise ValueError(
+                        f"methods.{name}.{field}: {target!r} is not one of the other methods"
+                    )
+            self._inheritance_chain(name)  # refuses a loop
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds has duplicates: {self.seeds}")
         return self
 
+    def _inheritance_chain(self, method: str) -> list[str]:
+        """The methods of this spec whose overrides `method` starts from, nearest first."""
+        chain, current = [], self.methods[method]
+        while True:
+            parent = current.control_of or current.extends
+            if parent is None or _other_spec(parent):
+                return chain
+            if parent == method or parent in chain:
+                loop = " -> ".join([method, *chain, parent])
+                raise ValueError(f"methods.{method}: control_of/extends go round in a loop: {loop}")
+            chain.append(parent)
+            current = self.methods[parent]
+
     def method_overrides(self, method: str) -> list[str]:
-        """The method's own overrides; a control's are its method's, its own, and CONTROL."""
+        """The method's overrides: those it extends (or, for a control, its method's),
+        then its own, then for a control CONTROL."""
         m = self.methods[method]
-        if m.control_of is None:
+        if m.control_of is not None:
+            return [*self.method_overrides(m.control_of), *m.set, CONTROL]
+        if m.extends is None:
             return list(m.set)
-        return [*self.methods[m.control_of].set, *m.set, CONTROL]
+        if _other_spec(m.extends):
+            if m.extends not in self._other_specs:
+                raise ConfigError(
+                    f"methods.{method}.extends: {m.extends!r} is in another spec, which "
+                    "only load_spec reads"
+                )
+            return [*self._other_specs[m.extends], *m.set]
+        return [*self.method_overrides(m.extends), *m.set]
+
+    def is_control(self, method: str) -> bool:
+        return CONTROL in self.method_overrides(method)
+
+    def record(self) -> dict:
+        """The spec as written plus every method's resolved overrides, so a record of a
+        method that extends another spec's still says what it ran."""
+        data = self.model_dump(mode="json")
+        data["method_overrides"] = {m: self.method_overrides(m) for m in self.methods}
+        return data
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds has duplicates: {self.seeds}")
+        return self
 
     @property
     def root(self) -> Path:
@@ -137,7 +190,13 @@ class PlannedRun:
         return Path(self.config.run.output_dir) / self.config.run.name
 
 
-def load_spec(path: str | Path, overrides: list[str] | None = None) -> CompareSpec:
+def _other_spec(extends: str) -> bool:
+    return "#" in extends
+
+
+def load_spec(
+    path: str | Path, overrides: list[str] | None = None, _reading: tuple[Path, ...] = ()
+) -> CompareSpec:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"compare spec not found: {path}")
@@ -150,12 +209,45 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> CompareSp
     for assignment in overrides or []:
         apply_override(data, assignment)
     try:
-        return CompareSpec.model_validate(data)
+        spec = CompareSpec.model_validate(data)
     except ValidationError as err:
         lines = [
             f"  {'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()
         ]
         raise ConfigError(f"{path}: invalid compare spec:\n" + "\n".join(lines)) from None
+    _read_other_specs(spec, path, (*_reading, path.resolve()))
+    for name, m in spec.methods.items():
+        if m.control_of is not None and spec.is_control(m.control_of):
+            raise ConfigError(
+                f"{path}: methods.{name}.control_of: {m.control_of!r} is itself a control"
+            )
+    return spec
+
+
+def _read_other_specs(spec: CompareSpec, path: Path, reading: tuple[Path, ...]) -> None:
+    """Each FILE#METHOD that a method extends, as that method's overrides."""
+    for name, m in spec.methods.items():
+        if m.extends is None or not _other_spec(m.extends):
+            continue
+        file, _, method = m.extends.partition("#")
+        where = f"{path}: methods.{name}.extends: {m.extends!r}"
+        other_path = path.parent / file
+        if not file or not method:
+            raise ConfigError(f"{where}: write FILE#METHOD, e.g. methods.yaml#mixgrpo")
+        if not other_path.is_file():
+            raise ConfigError(f"{where}: no spec {other_path}")
+        if other_path.resolve() in reading:
+            raise ConfigError(f"{where}: the specs extend each other in a loop")
+        try:
+            other = load_spec(other_path, _reading=reading)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if method not in other.methods:
+            raise ConfigError(
+                f"{where}: {other_path} has no method {method!r} (it has: "
+                f"{', '.join(other.methods)})"
+            )
+        spec._other_specs[m.extends] = other.method_overrides(method)
 
 
 def plan_runs(spec: CompareSpec) -> list[PlannedRun]:

@@ -43,3 +43,17 @@ def test_a_control_is_its_method_with_shuffled_advantages_and_a_bad_one_is_named
     for bad in ("nope", "control"):
         with pytest.raises(ConfigError, match=rf"methods\.awm_control\.control_of: '{bad}'"):
             load_spec(path, [f"methods.awm_control.control_of={bad}"])
+
+
+@pytest.mark.parametrize("sweep", ["lr_sweep.yaml", "lr_sweep_newer.yaml", "lr_sweep_sparse.yaml"])
+def test_a_rate_sweep_runs_the_compared_method_at_other_rates(sweep):
+    """A sweep's `<method>-lr<rate>` is methods.yaml's `<method>` with only the rate
+    changed, so the rate it picks is the rate of the method the comparison runs."""
+    folder = SPECS[0].parent
+    compared = {r.method: r.config for r in plan_runs(load_spec(folder / "methods.yaml"))}
+    for run in plan_runs(load_spec(folder / sweep)):
+        method, rate = run.method.rsplit("-lr", 1)
+        ours, theirs = run.config, compared[method]
+        assert ours.optim.lr == float(rate)
+        assert ours.algorithm == theirs.algorithm and ours.sampling == theirs.sampling
+        assert ours.optim.model_copy(update={"lr": theirs.optim.lr}) == theirs.optim
