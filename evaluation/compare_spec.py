@@ -163,9 +163,6 @@ class CompareSpec(Section):
         data = self.model_dump(mode="json")
         data["method_overrides"] = {m: self.method_overrides(m) for m in self.methods}
         return data
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds has duplicates: {self.seeds}")
-        return self
 
     @property
     def root(self) -> Path:
