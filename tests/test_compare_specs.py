@@ -6,7 +6,7 @@ trained."""
 from pathlib import Path
 
 import pytest
-from g2rpo.common.config import ConfigError
+from g2rpo.common.config import ConfigError, load_config
 from g2rpo.evaluation.compare_spec import load_spec, plan_runs
 
 SPECS = sorted((Path(__file__).parents[1] / "configs" / "compare").glob("*.yaml"))
@@ -57,3 +57,22 @@ def test_a_rate_sweep_runs_the_compared_method_at_other_rates(sweep):
         assert ours.optim.lr == float(rate)
         assert ours.algorithm == theirs.algorithm and ours.sampling == theirs.sampling
         assert ours.optim.model_copy(update={"lr": theirs.optim.lr}) == theirs.optim
+
+
+@pytest.mark.parametrize(
+    ("config", "spec", "method"),
+    [
+        ("tiny_fast.yaml", "recipe.yaml", "recipe"),
+        ("tiny_checker.yaml", "recipe_checker.yaml", "awm_checker"),
+    ],
+)
+def test_a_shipped_recipe_trains_what_its_comparison_measured(config, spec, method):
+    """`g2rpo train --config configs/<recipe>` trains the method whose held-out figures its
+    header quotes: same model, rollout, algorithm, update, rewards and budget."""
+    folder = SPECS[0].parent
+    measured = next(r for r in plan_runs(load_spec(folder / spec)) if r.method == method).config
+    shipped = load_config(folder.parent / config)
+    for section in ("model", "sampling", "algorithm", "optim", "rewards"):
+        assert getattr(shipped, section) == getattr(measured, section), section
+    assert shipped.run.nfe_budget == measured.run.nfe_budget
+    assert shipped.train.reward.scorers == measured.train.reward.scorers
