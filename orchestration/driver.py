@@ -309,16 +309,20 @@ class TrainingLoop:
     def run(self, start: int, end: int, progress: bool) -> int:
         """Iterations start..end-1 (fewer when the NFE budget runs out); returns the
         number of iterations done."""
+        # under an NFE budget the run stops when the budget does, not at run.iterations:
+        # count the bar in training NFEs so its total and ETA are the run's
+        nfe_budget = self.cfg.run.nfe_budget
         bar = tqdm(
-            range(start, end),
             desc=f"train {self.cfg.run.name}",
             disable=not progress,
-            initial=start,
-            total=self.cfg.run.iterations,
+            initial=self.budget.total if nfe_budget else start,
+            total=nfe_budget or self.cfg.run.iterations,
+            unit=" NFE" if nfe_budget else "it",
+            unit_scale=bool(nfe_budget),
         )
         done = start
         try:
-            for it in bar:
+            for it in range(start, end):
                 if self.budget.exhausted():
                     break
                 last = it == end - 1 or self.budget.next_is_last()
@@ -330,6 +334,7 @@ class TrainingLoop:
                 if done % t.checkpoints.every == 0 or stop or done in t.checkpoints.at:
                     self.checkpoint(done, last=stop)
                 bar.set_postfix(progress_fields(row, self.cfg))
+                bar.update(row["nfe_train"] if nfe_budget else 1)
                 if stop:
                     break
         except KeyboardInterrupt:
@@ -340,6 +345,8 @@ class TrainingLoop:
                 file=sys.stderr,
             )
             raise
+        finally:
+            bar.close()
         return done
 
 

@@ -66,6 +66,6 @@ def progress_fields(row: dict, cfg: G2RPOConfig) -> dict:
         "loss": f"{row['loss']:.2e}",
         "it_s": f"{row['time/iteration_s']:.1f}",
     }
-    if cfg.run.nfe_budget:
-        fields["nfe"] = f"{row['nfe_train_total'] / cfg.run.nfe_budget:.0%}"
+    if cfg.run.nfe_budget:  # the bar counts NFEs then (TrainingLoop.run): say the iteration
+        fields["iteration"] = row["iteration"] + 1
     return fields

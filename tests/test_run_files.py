@@ -101,3 +101,43 @@ def test_eval_every_iterations_or_every_n_training_nfes():
         loop.budget.add(400)
     assert due == [0, 3, 6]  # at 0, 1200, 2400 NFEs
     assert isinstance(loop.budget, Budget)
+
+
+class _CountingLoop(TrainingLoop):
+    """The loop's own run(): its stop rule and progress bar, with each iteration's work
+    (Ray actors) replaced by a row that spends 400 training NFEs."""
+
+    def iteration(self, it, last):
+        self.budget.add(400)
+        return {
+            "iteration": it,
+            "reward/shapes_clip": 0.5,
+            "loss": 0.0,
+            "time/iteration_s": 0.1,
+            "nfe_train": 400,
+            "nfe_train_total": self.budget.total,
+        }
+
+    def record(self, row, stop):
+        self.rows.append(row)
+
+    def checkpoint(self, done, last=False):
+        pass
+
+
+def _counting(overrides):
+    loop = _CountingLoop(load_config(None, overrides), Path("."), None, [], [])
+    loop.rows = []
+    return loop
+
+
+def test_the_progress_bar_counts_what_stops_the_run(capsys):
+    # an NFE budget stops the run: the bar counts training NFEs up to the budget, not
+    # iterations up to run.iterations (100000 here), so its total and ETA are the run's
+    loop = _counting(["run.nfe_budget=1000", "run.iterations=100000"])
+    assert loop.run(0, 100000, progress=True) == 2  # a third iteration would pass 1000
+    bar = capsys.readouterr().err.split("\r")[-1]
+    assert "800/1.00k" in bar and "NFE" in bar and "iteration=2" in bar and "100000" not in bar
+    loop = _counting(["run.nfe_budget=null", "run.iterations=3"])
+    assert loop.run(0, 3, progress=True) == 3
+    assert "3/3" in capsys.readouterr().err.split("\r")[-1]
