@@ -3,9 +3,10 @@ held-out change of the training-time evaluations (every 12,560 training NFEs, ea
 against the run's own iteration-0 evaluation on the same prompts and noise) read at a
 quarter, half, three quarters and all of the budget (``budget.curve_at_nfe``), and the
 share of the final change reached by each mark: mean change at the mark over mean change
-at the budget, with a 95% bootstrap CI over seeds (seeds resampled together at every
-mark). A change that builds up evenly per update reaches 25%, 50%, 75%; a larger early
-share means it comes early and then levels off. No share is given where the change at the
+at the budget, with a 95% bootstrap CI over seeds (scipy's percentile bootstrap, a
+seed's change at the mark and at the budget resampled together). A change that builds up
+evenly per update reaches 25%, 50%, 75%; a larger early share means it comes early and
+then levels off. No share is given where the change at the
 budget is not resolved (its t-CI over seeds holds zero): a ratio to about nothing.
 
 A diagnostic beside the reward tables (docs/results.md, "Why the controls fall"), read
@@ -22,7 +23,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from g2rpo.common.stats import seed_summary
+from g2rpo.common.stats import across_seeds
+from scipy.stats import bootstrap
 
 METRIC = "shapes_clip"
 RESAMPLES = 10_000
@@ -35,14 +37,26 @@ def changes(curves: dict, method: str, marks: list[str]) -> np.ndarray:
     return np.array([r for r in rows if None not in r], dtype=float)
 
 
-def share_of_final(x: np.ndarray, rng: np.random.Generator) -> list[tuple[float, float, float]]:
-    """Per mark but the last: mean(x[:, mark]) / mean(x[:, -1]) and its bootstrap CI."""
-    draws = rng.integers(0, len(x), size=(RESAMPLES, len(x)))
-    boot = x[draws].mean(axis=1)  # resamples × marks
-    ratio = boot[:, :-1] / boot[:, -1:]
-    point = x[:, :-1].mean(axis=0) / x[:, -1].mean()
-    lo, hi = np.percentile(ratio, [2.5, 97.5], axis=0)
-    return list(zip(point, lo, hi, strict=True))
+def share_of_final(x: np.ndarray) -> list[tuple[float, float, float]]:
+    """Per mark but the last: mean(x[:, mark]) / mean(x[:, -1]) and its percentile-bootstrap
+    CI, the seeds resampled together (paired) across the mark and the budget."""
+
+    def ratio(at_mark, at_budget, axis=-1):
+        return at_mark.mean(axis=axis) / at_budget.mean(axis=axis)
+
+    shares = []
+    for mark in x[:, :-1].T:
+        ci = bootstrap(
+            (mark, x[:, -1]),
+            ratio,
+            paired=True,
+            vectorized=True,
+            n_resamples=RESAMPLES,
+            method="percentile",
+            rng=np.random.default_rng(0),
+        ).confidence_interval
+        shares.append((float(ratio(mark, x[:, -1])), float(ci.low), float(ci.high)))
+    return shares
 
 
 def main(results_path: Path) -> None:
@@ -52,21 +66,19 @@ def main(results_path: Path) -> None:
     budget = results["spec"]["budget"]["nfe"]
     if int(marks[-1]) != budget:
         sys.exit(f"the last curve mark must be the budget ({budget}), got {marks[-1]}")
-    rng = np.random.default_rng(0)
     fractions = ", ".join(f"{int(k) / budget:.0%}" for k in marks[:-1])
     head = f"held-out {METRIC} change at the budget"
     print(f"| method | seeds | {head} | share of it reached at {fractions} |")
     print("|---|---|---|---|")
     for method in curves["runs"]:
         x = changes(curves, method, marks)
-        final = seed_summary(list(x[:, -1]))
-        resolved = final["lo"] > 0 or final["hi"] < 0
+        final = across_seeds(x[:, -1])
         shares = (
-            " · ".join(f"{p:.0%} [{lo:.0%}, {hi:.0%}]" for p, lo, hi in share_of_final(x, rng))
-            if resolved
+            " · ".join(f"{p:.0%} [{lo:.0%}, {hi:.0%}]" for p, lo, hi in share_of_final(x))
+            if final.excludes_zero()
             else "— (change not resolved)"
         )
-        change = f"{final['mean']:+.4f} [{final['lo']:+.4f}, {final['hi']:+.4f}]"
+        change = f"{final.mean:+.4f} [{final.lo:+.4f}, {final.hi:+.4f}]"
         label = results["methods"][method]["label"]
         print(f"| {label} | {len(x)} | {change} | {shares} |")
 
