@@ -222,7 +222,9 @@ def load_spec(
 
 
 def _read_other_specs(spec: CompareSpec, path: Path, reading: tuple[Path, ...]) -> None:
-    """Each FILE#METHOD that a method extends, as that method's overrides."""
+    """Each FILE#METHOD that a method extends, as that method's overrides (each file read
+    once, however many methods extend it)."""
+    read: dict[Path, CompareSpec] = {}
     for name, m in spec.methods.items():
         if m.extends is None or not _other_spec(m.extends):
             continue
@@ -233,12 +235,15 @@ def _read_other_specs(spec: CompareSpec, path: Path, reading: tuple[Path, ...]) 
             raise ConfigError(f"{where}: write FILE#METHOD, e.g. methods.yaml#mixgrpo")
         if not other_path.is_file():
             raise ConfigError(f"{where}: no spec {other_path}")
-        if other_path.resolve() in reading:
+        key = other_path.resolve()
+        if key in reading:
             raise ConfigError(f"{where}: the specs extend each other in a loop")
-        try:
-            other = load_spec(other_path, _reading=reading)
-        except ConfigError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
+        if key not in read:
+            try:
+                read[key] = load_spec(other_path, _reading=reading)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+        other = read[key]
         if method not in other.methods:
             raise ConfigError(
                 f"{where}: {other_path} has no method {method!r} (it has: "
