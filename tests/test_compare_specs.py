@@ -12,6 +12,17 @@ from g2rpo.evaluation.compare_spec import load_spec, plan_runs
 SPECS = sorted((Path(__file__).parents[1] / "configs" / "compare").glob("*.yaml"))
 
 
+RESULT_SPECS = sorted((Path(__file__).parents[1] / "docs" / "results").rglob("spec.yaml"))
+
+
+@pytest.mark.parametrize("path", RESULT_SPECS, ids=lambda p: str(p.parent.name))
+def test_a_committed_result_says_what_ran_on_its_own(path):
+    """Each docs/results/*/spec.yaml, the spec its results came from, plans its runs where it
+    lies: an `extends` into configs/compare/ would not resolve there, so the copy holds the
+    overrides written out."""
+    assert plan_runs(load_spec(path))
+
+
 def test_there_are_specs():
     assert {p.name for p in SPECS} >= {"methods.yaml", "lr_sweep.yaml", "lr_sweep_newer.yaml"}
 
