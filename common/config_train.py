@@ -18,9 +18,10 @@ image size, text length, torch threads, placement and collective timeouts) sits 
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -76,6 +77,13 @@ class WorkersConfig(ActorResources):
         description="a worker whose rollout share (or weight load) is not back by then is "
         "killed, restarted by Ray and redoes that share once (None: wait as long as it takes)",
     )
+    start_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="how long a rollout worker (or the evaluator) Ray restarted may take to "
+        "load its pipeline again before the run stops (None: scaled with the pipeline's size "
+        "on disk, common/timeouts.py)",
+    )
 
 
 class LearnerConfig(ActorResources):
@@ -94,6 +102,20 @@ class LearnerConfig(ActorResources):
         description="distinct states in one learner forward/backward (its micro-batch): "
         "the learner's saved activations grow with it",
     )
+    placement_strategy: Literal["STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"] = Field(
+        "STRICT_PACK",
+        description="how Ray's placement group lays out the learner ranks' bundles (one per "
+        "rank, whole GPUs): STRICT_PACK keeps the group on one node (FSDP2 traffic over "
+        "NVLink, not the network); PACK where no node holds them all",
+    )
+
+    def reserved_gpus(self) -> float:
+        """GPUs Ray reserves for each rank: its ``num_gpus`` for a single learner, whole
+        GPUs for each rank of a group (its placement bundle), so no two ranks of one
+        NCCL group can share a GPU."""
+        if self.count == 1:
+            return self.num_gpus
+        return float(math.ceil(self.num_gpus))
 
 
 class EvalConfig(ActorResources):
@@ -117,6 +139,13 @@ class EvalConfig(ActorResources):
         True,
         description="evaluate on an actor of its own, concurrently with the rollout "
         "(off the critical path); false: on rollout worker 0 before the rollout",
+    )
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="an evaluation not back by then is abandoned: the run goes on, its row "
+        "says the evaluation timed out, and the evaluator is restarted (None: wait as long "
+        "as it takes)",
     )
 
 
@@ -194,7 +223,37 @@ class RewardServiceConfig(ActorResources):
         default_factory=list, description="NAME or NAME=LOCAL_DIR for job-started replicas"
     )
     token_env: str | None = None
-    deadline_s: float = Field(300.0, gt=0)
+    deadline_s: float = Field(
+        300.0,
+        gt=0,
+        description="a scoring request no replica answered by then fails the rollout share",
+    )
+    request_mib: float = Field(
+        32.0,
+        gt=0,
+        description="largest body of one scoring request a worker or the evaluator sends: a "
+        "rollout's leaves (193 images of 720² are 286 MiB) go as several requests of at most "
+        "this size, sent concurrently",
+    )
+    concurrency: int = Field(
+        4, ge=1, description="scoring requests one worker or the evaluator keeps in flight"
+    )
+    max_payload_mib: float = Field(
+        64.0,
+        gt=0,
+        description="request body limit of the replicas this job starts (`g2rpo reward-server "
+        "--max-payload-mib` for your own): at least train.reward.request_mib",
+    )
+
+    @model_validator(mode="after")
+    def _request_fits_replicas(self) -> RewardServiceConfig:
+        if self.request_mib > self.max_payload_mib:
+            raise ValueError(
+                f"train.reward.request_mib {self.request_mib:g} is over "
+                f"train.reward.max_payload_mib {self.max_payload_mib:g}: the job's replicas "
+                "would refuse every full request (raise max_payload_mib, or lower request_mib)"
+            )
+        return self
 
     def job_replicas(self, redis_url: str | None = None) -> int:
         """Replicas the job starts: ``replicas``, or by default one only when no
@@ -217,11 +276,19 @@ class TrainConfig(Section):
     placement_timeout_s: float = Field(
         600.0, gt=0, description="fail when an actor is not placed by then (names the request)"
     )
-    collective_timeout_s: float = Field(
-        120.0,
+    collective_timeout_s: float | None = Field(
+        None,
         gt=0,
         description="a learner-group or weight-broadcast collective not done by then fails "
-        "(a dead peer ends a broadcast here; the group is then formed again)",
+        "(a dead peer ends a broadcast here; the group is then formed again). None: scaled "
+        "with the transformer's size on disk (common/timeouts.py: 120 s for the tiny world, "
+        "about 18 min for FLUX.1-dev, whose rank 0 reads 23.8 GB while the others wait)",
+    )
+    env_vars: dict[str, str] = Field(
+        default_factory=dict,
+        description="environment variables of every actor the run starts (rollout workers, "
+        "learner ranks, evaluator, reward replicas): NCCL_SOCKET_IFNAME, NCCL_DEBUG, "
+        "GLOO_SOCKET_IFNAME, TORCH_NCCL_* and the like, which the driver's shell does not reach",
     )
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
@@ -231,6 +298,15 @@ class TrainConfig(Section):
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     reward: RewardServiceConfig = Field(default_factory=RewardServiceConfig)
+
+    def ray_options(self, kind: ActorResources) -> dict:
+        """The options ``Actor.options(**...)`` takes for an actor of ``kind`` (one of
+        this section's actor kinds): its resources, and ``env_vars`` as its runtime
+        environment."""
+        options = kind.ray_options()
+        if self.env_vars:
+            options["runtime_env"] = {"env_vars": dict(self.env_vars)}
+        return options
 
     def actor_kinds(self) -> dict[str, ActorResources]:
         """The model-running actor kinds Ray places, by config path (the evaluator

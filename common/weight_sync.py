@@ -164,8 +164,10 @@ class WeightGroupMember:
 
     def join_weight_group(self, name: str, address: str, rank: int, world: int) -> None:
         self.leave_weight_group()
-        t, device = self.cfg.train, self.cfg.model.device
-        self._weights = WeightGroup(name, address, rank, world, device, t.collective_timeout_s)
+        from .timeouts import collective_timeout_s
+
+        timeout = collective_timeout_s(self.cfg)
+        self._weights = WeightGroup(name, address, rank, world, self.cfg.model.device, timeout)
 
     def leave_weight_group(self) -> None:
         if self._weights is not None:

@@ -7,14 +7,27 @@ the servers' score cache makes a retried request free. While Redis does not
 answer, the replicas it last listed are used (the control plane may go away; the
 replicas serve on). ``submit`` returns a
 future at once, so a worker can score one batch while it generates the next.
+
+A batch goes as several requests of at most ``request_bytes`` each (a FLUX worker's
+193 leaves of 720² are 286 MiB, over the server's 64 MiB default body limit), each
+encoded only when its turn comes, up to ``concurrency`` of one call's in flight, each
+retried and failed over on its own; the answers are merged back into one
+ScoreResponse in the images' order (``merge_responses``), and ``last_requests`` lists
+the bodies sent. A request the server refuses as too large (413: its limit is below
+ours) is split in half, or at once to the limit the server named, and sent again, down
+to one image; later batches are cut to that limit from the start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
+import json
 import logging
+import math
+import re
 import threading
 import time
 
@@ -26,6 +39,11 @@ from .schemas import SAFETENSORS_TYPE, ScoreRequest, ScoreResponse
 from .wire import encode_safetensors
 
 log = logging.getLogger(__name__)
+
+# What a request body holds besides its images and prompts: the multipart boundaries
+# and part headers, the safetensors header, the scorer names and the request id (about
+# 500 bytes; a body that still comes out over the bound is split before it is sent).
+HEADER_ALLOWANCE_BYTES = 16 * 2**10
 
 
 class NoReplicaAvailable(RuntimeError):
@@ -41,6 +59,90 @@ class RewardRequestError(ValueError):
         self.detail = detail
 
 
+@dataclasses.dataclass(frozen=True)
+class SentRequest:
+    """One request body a ``score`` call sent (retries of the same body count once)."""
+
+    first: int  # index of its first image in the batch
+    images: int
+    body_bytes: int
+    status: int | None  # HTTP status of its last answer; None: no replica answered
+
+
+# ------------------------------------------------------------------ chunking arithmetic
+def prompt_bytes(prompts: list[str]) -> int:
+    """Upper bound of one prompt's share of the request JSON: the longest prompt as
+    ASCII-escaped JSON (never shorter than its UTF-8), plus its separator."""
+    return max((len(json.dumps(p)) + 1 for p in prompts), default=0)
+
+
+def images_per_request(
+    image_bytes: int,
+    prompt_bytes: int,
+    request_bytes: int,
+    header_bytes: int = HEADER_ALLOWANCE_BYTES,
+) -> int:
+    """How many images (with their prompts) one request body of at most
+    ``request_bytes`` holds; at least one, since an image cannot be cut."""
+    return max(1, (request_bytes - header_bytes) // max(1, image_bytes + prompt_bytes))
+
+
+def chunk_ranges(count: int, per_request: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` ranges covering ``range(count)`` in order: as few as ``per_request``
+    images per range allows, their sizes within one of each other (so concurrent
+    requests finish together). An empty batch is one empty range: one request."""
+    chunks = max(1, math.ceil(count / max(1, per_request)))
+    bounds = [count * k // chunks for k in range(chunks + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+def merge_responses(parts: list[ScoreResponse], request_id: str | None) -> ScoreResponse:
+    """The answer one request for the whole batch would have had, from the answers of
+    its chunks in batch order: scores concatenated; ``cached`` (images answered from
+    the cache) summed; ``timings_ms`` summed (server time spent on the batch, not wall
+    time: the chunks ran concurrently); distinct versions and replicas joined by ",",
+    in order of first appearance (one version each, unless replicas disagree)."""
+    if len(parts) == 1:
+        return parts[0].model_copy(update={"request_id": request_id})
+    scorers = list(parts[0].scores)
+    timings: dict[str, float] = {}
+    for part in parts:
+        for key, ms in part.timings_ms.items():
+            timings[key] = timings.get(key, 0.0) + ms
+    versions = {n: _joined(p.versions[n] for p in parts) for n in scorers}
+    for name, version in versions.items():
+        if "," in version:
+            log.warning("replicas scored %s with different versions: %s", name, version)
+    return ScoreResponse(
+        request_id=request_id,
+        scores={n: [s for p in parts for s in p.scores[n]] for n in scorers},
+        versions=versions,
+        cached={n: sum(p.cached[n] for p in parts) for n in scorers},
+        timings_ms=timings,
+        replica=_joined(p.replica for p in parts),
+    )
+
+
+def _joined(values) -> str:
+    return ",".join(dict.fromkeys(values))
+
+
+def server_limit(detail: str) -> int | None:
+    """The body limit a server's 413 names (``request body exceeds N bytes``), if any."""
+    found = re.search(r"exceeds (\d+) bytes", detail)
+    return int(found.group(1)) if found else None
+
+
+@dataclasses.dataclass
+class _Refused:
+    """A chunk the server refused as too large (413), or that came out over our own
+    bound once encoded: split it."""
+
+    url: str | None
+    detail: str
+    body_bytes: int
+
+
 class RewardClient:
     def __init__(
         self,
@@ -52,9 +154,16 @@ class RewardClient:
         deadline_s: float = 300.0,
         backoff_s: float = 0.1,
         cooldown_s: float = 5.0,
+        request_bytes: int = 32 * 2**20,
+        concurrency: int = 4,
     ) -> None:
         if not urls and not redis_url:
             raise ValueError("RewardClient needs urls or redis_url")
+        if request_bytes < 1 or concurrency < 1:
+            raise ValueError(
+                f"RewardClient: request_bytes ({request_bytes}) and concurrency "
+                f"({concurrency}) must be at least 1"
+            )
         self.static = [u.rstrip("/") for u in urls or []]
         self.redis = None
         if redis_url:
@@ -64,6 +173,12 @@ class RewardClient:
         self.token = token
         self.timeout_s, self.deadline_s = timeout_s, deadline_s
         self.backoff_s, self.cooldown_s = backoff_s, cooldown_s
+        self.request_bytes, self.concurrency = request_bytes, concurrency
+        # the smallest body limit a server has named in a 413: later batches are cut to
+        # it at once instead of being refused and halved again each time
+        self.server_limit_bytes: int | None = None
+        # the bodies the last score call sent (of calls running at once, the last to end)
+        self.last_requests: list[SentRequest] = []
         self._down: dict[str, float] = {}
         self._known: list = []  # the replicas Redis last listed: used while it is away
         self.redis_errors = 0  # discoveries Redis did not answer
@@ -156,6 +271,10 @@ class RewardClient:
     ) -> ScoreResponse:
         return self.submit(images, prompts, scorers, request_id).result()
 
+    def request_limit(self) -> int:
+        """The body size requests are cut to: ours, or a server's if it named a lower one."""
+        return min(self.request_bytes, self.server_limit_bytes or self.request_bytes)
+
     async def score_async(
         self,
         images: np.ndarray,
@@ -163,43 +282,176 @@ class RewardClient:
         scorers: list[str],
         request_id: str | None = None,
     ) -> ScoreResponse:
-        header = ScoreRequest(scorers=list(scorers), prompts=list(prompts), request_id=request_id)
-        body = encode_safetensors(np.asarray(images))
+        """One ScoreResponse for the whole batch, sent as requests of at most
+        ``request_bytes`` (see the module's docstring); ``last_requests`` then lists
+        the bodies sent."""
+        arr = np.asarray(images)
+        if arr.dtype != np.uint8 or arr.ndim != 4 or arr.shape[-1] != 3:
+            raise ValueError(
+                f"images must be uint8 [N, H, W, 3], got {arr.dtype} {list(arr.shape)}"
+            )
+        if len(prompts) != arr.shape[0]:  # checked here: chunks would hide a surplus prompt
+            raise RewardRequestError(
+                422, f"prompts: {len(prompts)} prompts for {arr.shape[0]} images"
+            )
+        batch = _Batch(
+            arr,
+            list(prompts),
+            list(scorers),
+            request_id,
+            prompt_bytes(prompts),
+            # per call: concurrent calls (g2rpo bench reward's simulated clients) are not
+            # queued behind each other
+            asyncio.Semaphore(self.concurrency),
+        )
+        sent: list[SentRequest] = []
+        try:
+            parts = await self._score_ranges(batch, self._ranges(batch, 0, len(arr)), sent)
+        finally:
+            self.last_requests = sorted(sent, key=lambda r: r.first)
+        return merge_responses(parts, request_id)
+
+    def _ranges(self, batch: _Batch, lo: int, hi: int, at_most: int | None = None):
+        per = images_per_request(batch.image_bytes, batch.prompt_bytes, self.request_limit())
+        if at_most is not None:
+            per = min(per, at_most)
+        return [(lo + a, lo + b) for a, b in chunk_ranges(hi - lo, per)]
+
+    async def _score_ranges(self, batch, ranges, sent) -> list[ScoreResponse]:
+        """The ranges' answers in order, scored concurrently; the first failure cancels
+        the rest (they would only be thrown away)."""
+        if len(ranges) == 1:
+            return await self._score_range(batch, *ranges[0], sent)
+        tasks = [asyncio.ensure_future(self._score_range(batch, lo, hi, sent)) for lo, hi in ranges]
+        try:
+            answered = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return [part for parts in answered for part in parts]
+
+    async def _score_range(self, batch, lo: int, hi: int, sent) -> list[ScoreResponse]:
+        """Images ``[lo, hi)`` in one request, or, refused as too large, in halves."""
+        async with batch.slots:  # released before splitting: the halves need slots too
+            # encoded here, per chunk and off the event loop: the whole batch never is
+            body = await asyncio.to_thread(encode_safetensors, batch.images[lo:hi])
+            chunk_id = batch.request_id if batch.whole(lo, hi) else batch.chunk_id(lo, hi)
+            header = ScoreRequest(
+                scorers=batch.scorers, prompts=batch.prompts[lo:hi], request_id=chunk_id
+            )
+            answer = await self._send(header, body, lo, hi - lo, sent)
+        if isinstance(answer, ScoreResponse):
+            return [answer]
+        if hi - lo == 1:
+            raise RewardRequestError(413, self._one_image_refused(batch, answer))
+        if answer.url is not None:  # a server's 413 (else our own estimate fell short)
+            limit = server_limit(answer.detail)
+            if limit is not None:
+                self.server_limit_bytes = min(limit, self.server_limit_bytes or limit)
+            log.warning(
+                "reward request of %d images (%d bytes) refused as too large by %s (%s): "
+                "sent again in smaller requests; set train.reward.request_mib below the "
+                "server's limit to spare the refused ones",
+                hi - lo,
+                answer.body_bytes,
+                answer.url,
+                answer.detail,
+            )
+        # halves at least; smaller at once when the server named its limit
+        return await self._score_ranges(
+            batch, self._ranges(batch, lo, hi, math.ceil((hi - lo) / 2)), sent
+        )
+
+    def _one_image_refused(self, batch: _Batch, refused: _Refused) -> str:
+        _, height, width, _ = batch.images.shape
+        return (
+            f"the reward server at {refused.url} refuses even one image of {height}x{width} "
+            f"({refused.body_bytes} bytes as a request): {refused.detail}. Raise the server's "
+            "limit (g2rpo reward-server --max-payload-mib; train.reward.max_payload_mib for "
+            "the replicas a job starts) above one image; train.reward.request_mib "
+            f"({self.request_bytes / 2**20:g} MiB) only bounds how much one request holds"
+        )
+
+    async def _send(
+        self, header: ScoreRequest, body: bytes, first: int, count: int, sent: list
+    ) -> ScoreResponse | _Refused:
+        """One request, retried with backoff and failed over until a replica answers or
+        the deadline passes (counted from its first try)."""
         deadline = time.monotonic() + self.deadline_s
         backoff, last_error = self.backoff_s, "no replica registered"
-        while True:
-            candidates = await asyncio.to_thread(self.replicas, list(scorers))
-            for url in candidates:
-                self.attempts += 1
-                try:
-                    response = await self._http.post(
+        size, status = None, None
+        try:
+            while True:
+                candidates = await asyncio.to_thread(self.replicas, list(header.scorers))
+                for url in candidates:
+                    request = self._http.build_request(
+                        "POST",
                         f"{url}/v1/score",
                         data={"request": header.model_dump_json()},
                         files={"images": ("batch.safetensors", body, SAFETENSORS_TYPE)},
                     )
-                except httpx.HTTPError as exc:  # refused, reset, timed out: fail over
-                    last_error = f"{url}: {type(exc).__name__}: {exc}"
-                    self._mark_down(url)
-                    continue
-                if response.status_code == 200:
-                    return ScoreResponse.model_validate(response.json())
-                detail = _detail(response)
-                if response.status_code in (408, 429) or response.status_code >= 500:
-                    last_error = f"{url}: {response.status_code} {detail}"
-                    self._mark_down(url)
-                    continue
-                raise RewardRequestError(response.status_code, detail)
-            if time.monotonic() + backoff > deadline:
-                raise NoReplicaAvailable(
-                    f"no reward replica answered within {self.deadline_s:.0f} s "
-                    f"(last error: {last_error})"
-                )
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
+                    length = int(request.headers["content-length"])
+                    if length > self.request_limit() and count > 1:
+                        # our estimate of the body was short: never send over the bound
+                        return _Refused(None, f"encoded body of {length} bytes", length)
+                    size = length
+                    self.attempts += 1
+                    try:
+                        response = await self._http.send(request)
+                    except httpx.HTTPError as exc:  # refused, reset, timed out: fail over
+                        last_error = f"{url}: {type(exc).__name__}: {exc}"
+                        self._mark_down(url)
+                        continue
+                    status = response.status_code
+                    if status == 200:
+                        return ScoreResponse.model_validate(response.json())
+                    detail = _detail(response)
+                    if status == 413:
+                        return _Refused(url, detail, size)
+                    if status in (408, 429) or status >= 500:
+                        last_error = f"{url}: {status} {detail}"
+                        self._mark_down(url)
+                        continue
+                    raise RewardRequestError(status, detail)
+                if time.monotonic() + backoff > deadline:
+                    raise NoReplicaAvailable(
+                        f"no reward replica answered within {self.deadline_s:.0f} s "
+                        f"(last error: {last_error})"
+                    )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+        finally:
+            if size is not None:
+                sent.append(SentRequest(first, count, size, status))
 
     def _mark_down(self, url: str) -> None:
         self.failovers += 1
         self._down[url] = time.monotonic() + self.cooldown_s
+
+
+@dataclasses.dataclass
+class _Batch:
+    """What one score call scores, shared by its chunks."""
+
+    images: np.ndarray
+    prompts: list[str]
+    scorers: list[str]
+    request_id: str | None
+    prompt_bytes: int
+    slots: asyncio.Semaphore  # requests of this call in flight
+
+    @property
+    def image_bytes(self) -> int:
+        return math.prod(self.images.shape[1:])
+
+    def whole(self, lo: int, hi: int) -> bool:
+        return lo == 0 and hi == len(self.images)
+
+    def chunk_id(self, lo: int, hi: int) -> str | None:
+        """The request id of images ``[lo, hi)``: the batch's, suffixed with the range."""
+        return None if self.request_id is None else f"{self.request_id}/{lo}-{hi}"
 
 
 def _detail(response: httpx.Response) -> str:

@@ -42,8 +42,9 @@ class RewardReplica:
         redis_url: str | None,
         device: str,
         threads: int | None = None,  # None: torch's own (OMP_NUM_THREADS)
+        max_payload_bytes: int = 64 * 2**20,  # train.reward.max_payload_mib
     ) -> None:
-        self.args = (scorers, token, redis_url, device, threads)
+        self.args = (scorers, token, redis_url, device, threads, max_payload_bytes)
         self.server = None
         self.thread: threading.Thread | None = None
         self.error: str | None = None
@@ -57,7 +58,7 @@ class RewardReplica:
     def _settings(self):
         from .settings import ScorerSpec, ServerSettings
 
-        scorers, token, redis_url, device, threads = self.args
+        scorers, token, redis_url, device, threads, max_payload_bytes = self.args
         settings = ServerSettings(
             scorers=[ScorerSpec.parse(s) for s in scorers.split(",") if s.strip()],
             host=ray.util.get_node_ip_address(),
@@ -66,6 +67,7 @@ class RewardReplica:
             token=token,
             device=device,
             threads=threads,
+            max_payload_bytes=max_payload_bytes,
         )
         settings.check_scorers()
         settings.check_device()

@@ -13,6 +13,7 @@ from ..common.config import G2RPOConfig
 from ..common.errors import ConfigError
 from ..common.messages import RewardEndpoints
 from .replica_actor import RewardReplica
+from .settings import mib_bytes
 
 
 def scorer_specs(cfg: G2RPOConfig) -> dict[str, str]:
@@ -48,11 +49,19 @@ class RewardSource:
         register = self.redis_url if r.token_env else None
         if count and self.token is None:
             self.token = secrets.token_urlsafe(24)  # this job's replicas only
-        options = r.ray_options()
-        device = "cuda" if r.num_gpus > 0 else "cpu"
+        options = cfg.train.ray_options(r)
+        # on the GPU Ray gives them, where the run's models run on GPUs (a CPU run that
+        # asks Ray for GPUs is placing, as `g2rpo rehearse` does: it scores on the CPU)
+        on_gpu = r.num_gpus > 0 and cfg.model.device.startswith("cuda")
+        device = "cuda" if on_gpu else "cpu"
         self.replicas = [
             RewardReplica.options(**options).remote(
-                ",".join(specs.values()), self.token, register, device, cfg.train.threads
+                ",".join(specs.values()),
+                self.token,
+                register,
+                device,
+                cfg.train.threads,
+                mib_bytes(r.max_payload_mib),
             )
             for _ in range(count)
         ]

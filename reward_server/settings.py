@@ -37,7 +37,12 @@ class ServerSettings(BaseModel):
     insecure: bool = False
     max_batch: int = Field(64, ge=1)
     max_wait_ms: float = Field(5.0, ge=0)
-    max_payload_bytes: int = Field(64 * 2**20, ge=1024)
+    max_payload_bytes: int = Field(
+        64 * 2**20,
+        ge=1024,
+        description="request bodies over this many bytes are refused (413): --max-payload-mib, "
+        "train.reward.max_payload_mib for a job's replicas",
+    )
     max_images: int = Field(1024, ge=1)
     max_side: int = Field(2048, ge=8)
     heartbeat_ttl_s: float = Field(6.0, gt=0)
@@ -85,6 +90,11 @@ class ServerSettings(BaseModel):
                 raise UsageError(f"--device {self.device}: no CUDA device is visible here")
         elif self.device != "cpu":
             raise UsageError(f"--device {self.device!r}: use cpu, cuda or cuda:N")
+
+
+def mib_bytes(mib: float) -> int:
+    """A size given in MiB (``--max-payload-mib``, ``train.reward.*_mib``) in bytes."""
+    return int(mib * 2**20)
 
 
 def is_loopback(host: str) -> bool:

@@ -119,6 +119,9 @@ class RolloutWorkerCore:
                 redis_url=rewards.redis_url,
                 token=rewards.token,
                 deadline_s=self.cfg.train.reward.deadline_s,
+                # a FLUX worker's leaves are hundreds of MiB: sent as bounded requests
+                request_bytes=int(self.cfg.train.reward.request_mib * 2**20),
+                concurrency=self.cfg.train.reward.concurrency,
             )
             self.client_urls = key
         return self.client
@@ -159,13 +162,15 @@ class RolloutWorkerCore:
         plan, cond, result, images = self.sample(iteration, prompts)
         t1 = time.perf_counter()
         leaf_prompts = [prompts[leaf.prompt] for leaf in plan.leaves]
-        response = self._reward_client(rewards).score(
+        client = self._reward_client(rewards)
+        response = client.score(
             images.numpy(),
             leaf_prompts,
             self._scorer_names(rewards),
             request_id=f"it{iteration}-w{self.worker}",
         )
         t2 = time.perf_counter()
+        sent = client.last_requests
         return self.trajectories(
             iteration,
             prompts,
@@ -173,7 +178,12 @@ class RolloutWorkerCore:
             cond,
             result,
             response.scores,
-            timings={"rollout_s": t1 - t0, "reward_s": t2 - t1},
+            timings={
+                "rollout_s": t1 - t0,
+                "reward_s": t2 - t1,
+                "reward_requests": len(sent),
+                "reward_request_bytes": max((r.body_bytes for r in sent), default=0),
+            },
         )
 
     def trajectories(

@@ -191,10 +191,9 @@ def test_a_bug_shows_its_traceback():
 def test_a_user_error_from_a_ray_actor_is_one_line(capsys, monkeypatch):
     """A RayTaskError carries the actor's exception as ``cause``: its message is shown,
     not the remote traceback; a bug in an actor keeps its traceback."""
+    import g2rpo.cli as cli
     from g2rpo.common.errors import ModelPathError
     from ray.exceptions import RayTaskError
-
-    import g2rpo.cli as cli
 
     def remote(cause):
         trace = f"Traceback (most recent call last):\n  ...\n{type(cause).__name__}: {cause}"

@@ -8,6 +8,8 @@ import ast
 import re
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = [
     "common",
@@ -20,8 +22,12 @@ FOLDERS = [
     "planning",
     "orchestration",
     "benchmarks",
-    "g2rpo",
+    "cli",
 ]
+# The command's folder is the package's top: pyproject maps the import name ``g2rpo`` to
+# cli/ (its modules are g2rpo.cli, g2rpo.cli_plan, ...); every other folder installs as
+# the subpackage g2rpo.<folder>.
+TOP = "cli"
 # Each folder may import only the folders listed before it here (and itself).
 LAYERS = {
     "common": set(),
@@ -42,7 +48,7 @@ LAYERS = {
         "planning",
     },
     "benchmarks": {"common", "reward_server", "rollout_worker", "learner", "planning"},
-    "g2rpo": set(FOLDERS),
+    "cli": set(FOLDERS),
 }
 
 
@@ -54,22 +60,26 @@ def imported_folders(path: Path, root: Path = ROOT) -> set[str]:
     """The top-level folders a module imports from (relative or ``g2rpo.`` imports,
     at module level or inside functions)."""
     rel = path.relative_to(root).with_suffix("").parts
-    package = list(rel[1:-1]) if rel[0] == "g2rpo" else list(rel[:-1])
-    out = set()
+    package = list(rel[1:-1]) if rel[0] == TOP else list(rel[:-1])
+
+    def folder_of(name: str) -> str | None:  # the folder that holds g2rpo.<name>
+        if name in FOLDERS and name != TOP:
+            return name
+        return TOP if (root / TOP / f"{name}.py").is_file() else None
+
+    names = []  # the first name under g2rpo of each import
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level:
             base = package[: len(package) - (node.level - 1)]
             target = base + (node.module.split(".") if node.module else [])
-            names = [a.name for a in node.names] if not target else [target[0]]
-            out.update(names if not target else [target[0]])
+            names += [target[0]] if target else [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module == "g2rpo":
+            names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("g2rpo."):
-            out.add(node.module.split(".")[1])
+            names.append(node.module.split(".")[1])
         elif isinstance(node, ast.Import):
-            out.update(a.name.split(".")[1] for a in node.names if a.name.startswith("g2rpo."))
-    folder = rel[0]
-    return {f for f in out if f in FOLDERS and f != folder} - (
-        {"g2rpo"} if folder == "g2rpo" else set()
-    )
+            names += [a.name.split(".")[1] for a in node.names if a.name.startswith("g2rpo.")]
+    return {f for f in map(folder_of, names) if f is not None} - {rel[0]}
 
 
 def folder_graph() -> dict[str, set[str]]:
@@ -115,6 +125,24 @@ def test_the_checker_sees_every_kind_of_import(tmp_path):
         "import g2rpo.world.pretrain\n"
     )
     assert imported_folders(probe, tmp_path) == {"orchestration", "learner", "world"}
+    # the command's folder is the package's top: its modules are g2rpo.<module>
+    (tmp_path / TOP).mkdir()
+    (tmp_path / TOP / "cli_plan.py").write_text("")
+    probe.write_text("from g2rpo import cli_plan, __version__\nimport g2rpo.cli_plan\n")
+    assert imported_folders(probe, tmp_path) == {TOP}
+    command = tmp_path / TOP / "cli.py"
+    command.write_text("from .cli_plan import main\nfrom .common import config\n")
+    assert imported_folders(command, tmp_path) == {"common"}
+
+
+def test_no_folder_of_the_checkout_stands_for_the_import_name():
+    """A Ray job's working dir (the checkout, first on PYTHONPATH) must not hide the
+    installed package: the command's folder is not named ``g2rpo`` and pyproject maps the
+    name to it (tests/test_packaging.py runs an installed wheel that way)."""
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert tool["package-dir"]["g2rpo"] == TOP
+    assert "g2rpo" not in {target.split("/")[0] for target in tool["package-dir"].values()}
+    assert not (ROOT / "g2rpo" / "__init__.py").exists() and not (ROOT / "g2rpo.py").exists()
 
 
 def test_the_design_module_map_names_every_module_and_no_other():

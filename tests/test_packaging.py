@@ -41,8 +41,10 @@ def _env() -> dict[str, str]:
     }
 
 
-def _run(cmd: list, cwd: Path) -> subprocess.CompletedProcess:
-    out = subprocess.run([str(c) for c in cmd], cwd=cwd, env=_env(), capture_output=True, text=True)
+def _run(cmd: list, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    out = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env or _env(), capture_output=True, text=True
+    )
     assert out.returncode == 0, f"{cmd}:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
     return out
 
@@ -160,6 +162,30 @@ def test_the_installed_package_resolves_the_shipped_paths(installed):
     assert missing.returncode != 0
     assert "config file not found: configs/absent.yaml" in missing.stderr
     assert str(package / "configs" / "absent.yaml") in missing.stderr
+
+
+def test_a_job_working_dir_does_not_shadow_the_installed_package(installed):
+    """`ray job submit --working-dir .` runs the entrypoint and every actor in the
+    uploaded checkout with it first on PYTHONPATH. No folder of the checkout may then
+    stand for the import name: the package, its parts and the command stay the wheel's,
+    while a relative config resolves from the checkout (the working dir). A checkout
+    folder ``g2rpo/`` holding only the command hid the installed package
+    (``No module named 'g2rpo.common'``)."""
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    code = (
+        "import json, g2rpo, g2rpo.cli, g2rpo.common.config, g2rpo.orchestration.driver\n"
+        "print(json.dumps([m.__file__ for m in (g2rpo, g2rpo.cli, g2rpo.common.config,\n"
+        "    g2rpo.orchestration.driver)]))\n"
+    )
+    files = json.loads(_run([installed["python"], "-c", code], ROOT, env).stdout)
+    package = installed["python"].parents[1] / "lib"
+    for file in map(Path, files):
+        assert package in file.parents and ROOT not in file.parents, file
+
+    assert "usage: g2rpo" in _run([installed["g2rpo"], "--help"], ROOT, env).stdout
+    show = _run([installed["g2rpo"], "config", "show", "--config", "configs/tiny.yaml"], ROOT, env)
+    assert "name: tiny" in show.stdout
 
 
 def test_eval_world_runs_from_the_wheel_elsewhere(installed):

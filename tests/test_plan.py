@@ -37,11 +37,10 @@ import json  # noqa: E402
 import re  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from g2rpo.cli import main  # noqa: E402
 from g2rpo.common.config import ConfigError, load_config  # noqa: E402
 from g2rpo.planning.check import refuse_misfit  # noqa: E402
 from g2rpo.planning.estimate import GiB, plan  # noqa: E402
-
-from g2rpo.cli import main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = ROOT / "assets" / "shapes-world" / "pipeline"

@@ -31,8 +31,11 @@ def _cmd_convert_reward(args: argparse.Namespace) -> int:
 
 def _server_settings(args: argparse.Namespace):
     """ServerSettings from the arguments reward-server and reward-serve share."""
-    from g2rpo.reward_server.settings import ScorerSpec, ServerSettings, token_from_env
+    from g2rpo.common.errors import UsageError
+    from g2rpo.reward_server.settings import ScorerSpec, ServerSettings, mib_bytes, token_from_env
 
+    if mib_bytes(args.max_payload_mib) < 1024:
+        raise UsageError(f"--max-payload-mib {args.max_payload_mib:g}: at least 0.001 (1 KiB)")
     fields = dict(
         scorers=[ScorerSpec.parse(s) for s in args.scorers.split(",") if s.strip()],
         host=args.host,
@@ -42,6 +45,7 @@ def _server_settings(args: argparse.Namespace):
         insecure=args.insecure,
         max_batch=args.max_batch,
         max_wait_ms=args.max_wait_ms,
+        max_payload_bytes=mib_bytes(args.max_payload_mib),
         advertise_url=args.advertise_url,
         heartbeat_ttl_s=args.heartbeat_ttl,
         device=args.device,
@@ -58,7 +62,6 @@ def _server_settings(args: argparse.Namespace):
 
 def _cmd_reward_server(args: argparse.Namespace) -> int:
     import uvicorn
-
     from g2rpo.reward_server.app import create_app
 
     settings = _server_settings(args)
@@ -119,6 +122,13 @@ def _server_arguments(p: argparse.ArgumentParser, port: int) -> None:
     )
     p.add_argument("--max-batch", type=int, default=64, help="images per scorer call")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="batching window")
+    p.add_argument(
+        "--max-payload-mib",
+        type=float,
+        default=64.0,
+        help="refuse (413) request bodies over this many MiB; clients split their batches "
+        "to fit (train.reward.request_mib is what a run's workers send at most)",
+    )
     p.add_argument("--heartbeat-ttl", type=float, default=6.0, help="registration TTL (s)")
     p.add_argument("--advertise-url", default=None, help="URL clients should use")
 

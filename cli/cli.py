@@ -114,7 +114,6 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     if existing.exists():  # said before torch loads (pretrain itself checks it too)
         raise UsageError(f"{existing} already exists; choose another --out")
     import torch
-
     from g2rpo.world.pretrain import pretrain
 
     if args.threads:
@@ -141,7 +140,6 @@ def _cmd_embed_prompts(args: argparse.Namespace) -> int:
     # a wrong path says so before torch and diffusers load (seconds)
     resolve_local_dir(args.pipeline, "FLUX pipeline", required=("model_index.json",))
     import torch
-
     from g2rpo.common.flux_pipeline import FluxComponents, save_prompt_embeddings
 
     comps = FluxComponents.load(args.pipeline)
@@ -228,9 +226,8 @@ def user_error(exc: BaseException) -> BaseException | None:
     """The problem a user can fix that ``exc`` is, or carries from a Ray actor
     (``RayTaskError.cause``): the project's own errors, a pydantic ValidationError of
     a settings model, a file a command was given that is not there. None: a bug."""
-    from pydantic import ValidationError
-
     from g2rpo.common.errors import G2RPOError
+    from pydantic import ValidationError
 
     kinds = (G2RPOError, ValidationError, FileNotFoundError)
     cause = getattr(exc, "cause", None)

@@ -21,7 +21,6 @@ def int_list(text: str) -> list[int]:
 
 def _cmd_bench_engine(args: argparse.Namespace) -> int:
     import torch
-
     from g2rpo.benchmarks.rollout import bench_engine
 
     if args.threads:
@@ -102,7 +101,6 @@ def _cmd_bench_reward(args: argparse.Namespace) -> int:
 
 def _cmd_bench_learner(args: argparse.Namespace) -> int:
     import torch
-
     from g2rpo.benchmarks.learner import bench_learner
 
     if args.threads:
