@@ -25,6 +25,7 @@ class Learner(WeightGroupMember):
     def _configure(self, cfg: dict, rank: int, world: int) -> None:
         self.cfg, self._core = G2RPOConfig.model_validate(cfg), None
         self.rank, self.world = rank, world
+        self._transformer = None  # read by prepare(), before the group forms
         from .staged_versions import StagedVersions, versions_kept
 
         # rank 0, collective transport: the versions a worker may still load
@@ -44,8 +45,21 @@ class Learner(WeightGroupMember):
         if self._core is None:  # loaded on first use, as the rollout workers
             from .trainer import LearnerCore, learner_share
 
-            self._core = LearnerCore(self.cfg, learner_share(self.cfg, self.rank))
+            share = learner_share(self.cfg, self.rank)
+            transformer, self._transformer = self._transformer, None  # the core's now
+            self._core = LearnerCore(self.cfg, share, transformer)
         return self._core
+
+    def prepare(self) -> None:
+        """Read this rank's transformer before the group forms (a sharded group's
+        rank 0: the whole of it, on the CPU; the other ranks: its shape, on the meta
+        device). ``ready()`` then shards it at once, so no rank waits for rank 0's
+        read inside a collective, whose timeout a slow read on shared storage would
+        overrun: the driver waits for it here, in Ray (``LearnerGroup.form``)."""
+        from .trainer import learner_share, read_transformer
+
+        if self._core is None and self._transformer is None:
+            self._transformer = read_transformer(self.cfg, learner_share(self.cfg, self.rank))
 
     def meeting_address(self) -> str:
         """Rank 0: host:port where a group meets (the learner group, the weight
@@ -55,12 +69,13 @@ class Learner(WeightGroupMember):
         return free_address()
 
     def join(self, address: str) -> None:
+        from ..common.timeouts import collective_timeout_s
         from .distributed import join_learner_group
 
-        t = self.cfg.train
-        join_learner_group(
-            address, self.rank, self.world, self.cfg.model.device, t.collective_timeout_s
-        )
+        timeout = collective_timeout_s(self.cfg)  # scaled by what this node reads
+        # checkpoints: each rank writes about two float32 copies of its share, and
+        # waits in the checkpoint group for the slowest writer
+        join_learner_group(address, self.rank, self.world, self.cfg.model.device, timeout, timeout)
 
     def ready(self) -> bool:
         return self.core is not None

@@ -57,9 +57,24 @@ class RankShare:
 SINGLE = RankShare()
 
 
-def join_learner_group(address: str, rank: int, world: int, device: str, timeout_s: float):
+# the gloo group the ranks coordinate checkpoints over (see join_learner_group)
+_checkpoint_group: list = [None]
+
+
+def join_learner_group(
+    address: str,
+    rank: int,
+    world: int,
+    device: str,
+    timeout_s: float,
+    checkpoint_timeout_s: float | None = None,
+) -> None:
     """This process's default process group: the learner ranks (blocks until all
-    ``world`` ranks joined)."""
+    ``world`` ranks joined). Then, on every rank in the same order, a gloo group over
+    the same ranks for checkpoints (``checkpoint_group``), with a timeout of its own
+    (``checkpoint_timeout_s``; None: ``timeout_s``): a rank that finished writing its
+    shards waits there for the slowest writer on a shared filesystem, on the CPU,
+    not in a device collective that the default group's watchdog aborts."""
     if dist.is_initialized():
         raise RuntimeError("this process already belongs to a learner group")
     use_device(device)
@@ -70,11 +85,21 @@ def join_learner_group(address: str, rank: int, world: int, device: str, timeout
         world_size=world,
         timeout=timedelta(seconds=timeout_s),
     )
+    waits = checkpoint_timeout_s if checkpoint_timeout_s is not None else timeout_s
+    _checkpoint_group[0] = dist.new_group(backend="gloo", timeout=timedelta(seconds=waits))
+
+
+def checkpoint_group():
+    """The learner group's gloo group for checkpoints (``join_learner_group``); None
+    outside a group."""
+    return _checkpoint_group[0]
 
 
 def leave_learner_group() -> None:
+    """Out of the learner group: its default group and the checkpoint group."""
+    _checkpoint_group[0] = None
     if dist.is_initialized():
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # every group of this process
 
 
 def fsdp_modules(transformer: torch.nn.Module) -> list[torch.nn.Module]:

@@ -17,7 +17,7 @@ import ray
 from ..common.config import G2RPOConfig
 from ..common.messages import PublishedWeights
 from .actor import Learner
-from .trainer import uses_process_group
+from .trainer import sharded_learner, uses_process_group
 
 # after one rank failed, how long the others may take to answer before they are
 # stopped (a rank that died is told apart from one that saw its peer go)
@@ -50,7 +50,14 @@ class LearnerGroup:
         return self.ranks[0]
 
     def form(self) -> None:
-        """Join the ranks into one torch.distributed group (placed actors only)."""
+        """Join the ranks into one torch.distributed group (placed actors only). A
+        sharded group's ranks first read their transformer (``Learner.prepare``:
+        rank 0 reads the whole of it, which takes minutes at FLUX scale on shared
+        storage), and the group forms once every rank has: the others wait for rank 0
+        here, not in the group's first collective (sharding, in ``ready()``), which
+        would time out."""
+        if sharded_learner(self.cfg):
+            self._gather([r.prepare.remote() for r in self.ranks], "prepare")
         if uses_process_group(self.cfg):
             address = ray.get(self.rank0.meeting_address.remote())
             self._gather([r.join.remote(address) for r in self.ranks], "join")
@@ -115,9 +122,19 @@ class LearnerGroup:
         return self._call("stage_weights")
 
     def update(self, batches: list) -> dict:
+        return self.finish(self.start_update(batches), "update")
+
+    def start_update(self, batches: list) -> list:
+        """Send the update to every rank; ``finish`` waits for it. ``batches``: the
+        workers' trajectories or refs to them (fetched by each rank from the worker's
+        node, never through the driver)."""
         # one object per batch, shared by every rank (each recomputes its share)
-        args = [ray.put(b) for b in batches] if len(self.ranks) > 1 else batches
-        return self._call("update", *args)
+        args = [b if isinstance(b, ray.ObjectRef) else ray.put(b) for b in batches]
+        return [r.update.remote(*args) for r in self.ranks]
+
+    def finish(self, refs: list, what: str):
+        """The group's answer to calls sent to every rank (rank 0's)."""
+        return self._gather(refs, what)[0]
 
     def save(self, path: str) -> None:
         self._call("save", path)

@@ -4,6 +4,7 @@ trajectories, run the GRPO update, version and checksum the weights, checkpoint.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -30,7 +31,7 @@ from .checkpoints import (
     load_sharded,
     save_sharded,
 )
-from .distributed import SINGLE, RankShare, shard_transformer
+from .distributed import SINGLE, RankShare, checkpoint_group, shard_transformer
 from .grpo import StepSpec, grpo_update
 from .nft import OldPolicy, forward_core_update
 from .optimizer import adamw, keep_kernel
@@ -128,19 +129,55 @@ def single_rank(cfg: G2RPOConfig) -> G2RPOConfig:
     return cfg.model_copy(update={"train": cfg.train.model_copy(update={"learner": learner})})
 
 
+def pretrained_dir(cfg: G2RPOConfig) -> Path:
+    """The local pipeline directory a learner trains from (``model.pretrained``)."""
+    cfg.model.check_trainable()
+    if cfg.model.pretrained is None:
+        raise ConfigError("model.pretrained: a local pipeline directory is needed for training")
+    return resolve_local_dir(
+        resolve_path(cfg.model.pretrained), "model.pretrained", required=("model_index.json",)
+    )
+
+
+def read_transformer(cfg: G2RPOConfig, share: RankShare = SINGLE) -> torch.nn.Module:
+    """Rank ``share.rank``'s pretrained transformer, read without a process group: in
+    a sharded group only rank 0 reads the weights (on the CPU) and the other ranks
+    build it on the meta device, getting their shards from rank 0 once it is sharded
+    (one full copy in the group's host memory, rank 0's, and none on a device);
+    otherwise the whole transformer on ``model.device``. A learner actor calls it
+    before its group forms (``Learner.prepare``): the ranks that wait for rank 0's
+    read wait in Ray, not in the group's first collective."""
+    from diffusers import FluxTransformer2DModel
+
+    m = cfg.model
+    path = pretrained_dir(cfg)
+    torch.set_num_threads(cfg.train.threads)  # the read upcasts on the CPU
+    if share.sharded and share.rank != 0:
+        config = FluxTransformer2DModel.load_config(
+            path, subfolder="transformer", local_files_only=True
+        )
+        with torch.device("meta"):
+            return FluxTransformer2DModel.from_config(config)
+    transformer = FluxTransformer2DModel.from_pretrained(
+        path, subfolder="transformer", local_files_only=True, torch_dtype=m.base_weights_dtype()
+    )
+    return transformer.to("cpu" if share.sharded else m.device)
+
+
 @contextmanager
 def learner_outside_ray(cfg: G2RPOConfig):
     """A one-rank learner in this process, built as training builds a group's rank 0
     (``g2rpo doctor``, ``bench precision``): when the config computes through a process
     group (FSDP mixed precision) it joins a group of its own and leaves it after."""
     from ..common.net import free_port
+    from ..common.timeouts import collective_timeout_s
     from .distributed import join_learner_group, leave_learner_group
 
     cfg = single_rank(cfg)
     joined = uses_process_group(cfg)
     if joined:
         address = f"127.0.0.1:{free_port()}"
-        join_learner_group(address, 0, 1, cfg.model.device, cfg.train.collective_timeout_s)
+        join_learner_group(address, 0, 1, cfg.model.device, collective_timeout_s(cfg))
     try:
         yield LearnerCore(cfg, learner_share(cfg, 0))
     finally:
@@ -151,23 +188,25 @@ def learner_outside_ray(cfg: G2RPOConfig):
 class LearnerCore:
     """The learner's state and update. In a learner group each rank holds one core
     (its process already joined the group); every method that gathers or reduces
-    must then be called on every rank, and rank 0's answer is the group's."""
+    must then be called on every rank, and rank 0's answer is the group's.
+    ``transformer``: this rank's ``read_transformer(cfg, share)``, when it was read
+    before the group formed; otherwise the core reads it."""
 
-    def __init__(self, cfg: G2RPOConfig, share: RankShare = SINGLE) -> None:
+    def __init__(
+        self,
+        cfg: G2RPOConfig,
+        share: RankShare = SINGLE,
+        transformer: torch.nn.Module | None = None,
+    ) -> None:
         from diffusers import AutoencoderKL
 
         torch.set_num_threads(cfg.train.threads)
         self.cfg, self.share = cfg, share
-        cfg.model.check_trainable()
-        if cfg.model.pretrained is None:
-            raise ConfigError("model.pretrained: a local pipeline directory is needed for training")
-        path = resolve_local_dir(
-            resolve_path(cfg.model.pretrained), "model.pretrained", required=("model_index.json",)
-        )
+        path = pretrained_dir(cfg)
         self.sharded = share.sharded
         # FSDP2 gathers parameters and casts each block's inputs in model.dtype
         self.fsdp_mixed_precision = self.sharded and cfg.model.mixed_precision == "fsdp"
-        self.transformer = self._load_transformer(path)
+        self.transformer = transformer if transformer is not None else read_transformer(cfg, share)
         self.lora = cfg.model.lora is not None
         attach_lora(self.transformer, cfg)
         if cfg.model.gradient_checkpointing:
@@ -211,25 +250,6 @@ class LearnerCore:
         )
         self.version = 0
         self.iteration = 0
-
-    def _load_transformer(self, path):
-        """The pretrained transformer. In a sharded group only rank 0 reads the
-        weights (on the CPU); the other ranks build it on the meta device and get
-        their shards from rank 0 once it is sharded: one full copy in the group's
-        host memory (rank 0's) instead of one per rank, and none on a device."""
-        from diffusers import FluxTransformer2DModel
-
-        m = self.cfg.model
-        if self.sharded and self.share.rank != 0:
-            config = FluxTransformer2DModel.load_config(
-                path, subfolder="transformer", local_files_only=True
-            )
-            with torch.device("meta"):
-                return FluxTransformer2DModel.from_config(config)
-        transformer = FluxTransformer2DModel.from_pretrained(
-            path, subfolder="transformer", local_files_only=True, torch_dtype=m.base_weights_dtype()
-        )
-        return transformer.to("cpu" if self.sharded else m.device)
 
     def _shard(self) -> None:
         """FSDP2 over the policy (and the KL reference): shard, then fill the shards
@@ -279,12 +299,10 @@ class LearnerCore:
         nothing unless the weights are sharded, where every rank gathers)."""
         dtype = getattr(torch, self.cfg.model.rollout_weights_dtype)
         if self.sharded:
-            state = self.trained_state()  # gathered on the host, in float32
+            # each rank casts its shards on its device, then they are gathered
+            state = full_weights(self.transformer, dtype)
             if self.share.rank != 0:
                 return None
-            for name, tensor in state.items():  # cast one tensor at a time: no second state
-                if tensor.is_floating_point() and tensor.dtype != dtype:
-                    state[name] = tensor.to(dtype)
         elif self.share.rank != 0:
             return None
         else:
@@ -385,7 +403,7 @@ class LearnerCore:
         one file."""
         if self.sharded:
             meta = {"version": self.version, "iteration": self.iteration, "kind": "transformer"}
-            save_sharded(self.transformer, self.optimizer, path, meta)
+            save_sharded(self.transformer, self.optimizer, path, meta, checkpoint_group())
         elif self.share.rank == 0:
             torch.save(self.state_dict(), path)
 
@@ -397,7 +415,7 @@ class LearnerCore:
                 raise RunDirError(
                     f"{path}: a sharded full-weight checkpoint; this run is a LoRA run (model.lora)"
                 )
-            meta = load_sharded(self.transformer, self.optimizer, path)
+            meta = load_sharded(self.transformer, self.optimizer, path, checkpoint_group())
             self.version, self.iteration = meta["version"], meta["iteration"]
         elif self.sharded:
             state = None
@@ -405,7 +423,7 @@ class LearnerCore:
                 state = torch.load(path, map_location="cpu", weights_only=False)
                 self._check_kind(state)
             self.version, self.iteration = load_full_into_shards(
-                self.transformer, self.optimizer, state
+                self.transformer, self.optimizer, state, checkpoint_group()
             )
         else:
             self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
@@ -440,8 +458,6 @@ class LearnerCore:
         """Final weights in diffusers layouts: ``pytorch_lora_weights.safetensors``
         (``FluxPipeline.load_lora_weights``) or ``transformer/`` (``from_pretrained``).
         Every rank calls; rank 0 writes."""
-        from pathlib import Path
-
         from ..common.lora import save_lora_weights
 
         full = full_weights(self.transformer) if self.sharded else None
@@ -452,10 +468,13 @@ class LearnerCore:
         out = Path(directory) / "transformer"
         if full is None:
             self.transformer.save_pretrained(out)
-        else:  # a plain copy of the gathered weights, in the layout from_pretrained reads
+        else:  # the gathered weights in a plain model, in the layout from_pretrained reads
             from diffusers import FluxTransformer2DModel
 
-            plain = FluxTransformer2DModel.from_config(self.transformer.config)
-            plain.load_state_dict(full)
+            # built on the meta device and given the gathered tensors themselves: no
+            # second copy of the weights, and no random initialisation to overwrite
+            with torch.device("meta"):
+                plain = FluxTransformer2DModel.from_config(self.transformer.config)
+            plain.load_state_dict(full, assign=True)
             plain.save_pretrained(out)
         return str(out)

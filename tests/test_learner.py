@@ -227,3 +227,38 @@ def test_g2rpo_raises_the_anchor_reward_of_a_toy_model():
     c_before, c_after = train(control=True)
     assert after > before + 0.5 * abs(before)
     assert (c_after - c_before) < 0.5 * (after - before)
+
+
+def test_a_sharded_checkpoint_resumes_a_parameter_that_never_had_a_gradient(tmp_path):
+    """AdamW makes a parameter's state at its first gradient. A FLUX transformer whose
+    last block is a double-stream one never uses that block's text output, so those
+    weights never get state; the sharded checkpoint then lacks it, and loading it into a
+    fresh optimizer (which DCP gives state for every parameter) failed with "Missing key
+    in checkpoint state_dict" (found by `g2rpo rehearse` on its one-block model). The
+    resumed optimizer holds exactly the saved state, and the next step is the same."""
+    from g2rpo.common.flux import build_tiny_flux
+    from g2rpo.learner.checkpoints import load_sharded, save_sharded
+
+    def step(model, optimizer, names):
+        for n, p in model.named_parameters():  # only these get a gradient
+            p.grad = torch.ones_like(p) if n in names else None
+        optimizer.step()
+
+    model = build_tiny_flux("test", seed=0)
+    used = {n for n, _ in model.named_parameters()} - {
+        n for n, _ in model.named_parameters() if "to_add_out" in n
+    }
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    step(model, optimizer, used)
+    save_sharded(model, optimizer, tmp_path / "it_00001.dcp", {"version": 1, "iteration": 1})
+
+    fresh = build_tiny_flux("test", seed=1)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    assert load_sharded(fresh, fresh_opt, tmp_path / "it_00001.dcp")["iteration"] == 1
+    params = dict(fresh.named_parameters())
+    held = {n for n, p in params.items() if p in fresh_opt.state}
+    assert held == used
+    step(model, optimizer, used)
+    step(fresh, fresh_opt, used)
+    for (n, a), b in zip(model.named_parameters(), fresh.parameters(), strict=True):
+        assert torch.equal(a, b), n

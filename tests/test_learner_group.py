@@ -1,8 +1,12 @@
 """A learner group of 2 Ray actors in one gloo group (FSDP2 for a full fine-tune,
 data parallel for LoRA) against one learner in this process, on the same batch;
-checkpoints written by one size of group read by another."""
+checkpoints written by one size of group read by another; what a sharded group
+gathers to publish and export, how it waits for a slow checkpoint writer, and for
+rank 0's read of the weights at the start."""
 
 import dataclasses
+import sys
+import time
 
 import pytest
 import ray
@@ -10,11 +14,17 @@ import torch
 from g2rpo.common.config import load_config
 from g2rpo.common.config_train import ActorResources
 from g2rpo.common.trajectories import Trajectories
+from g2rpo.common.weights import weights_checksum
 from g2rpo.learner.distributed import RankShare
 from g2rpo.learner.group import LearnerGroup
 from g2rpo.learner.trainer import LearnerCore
 from g2rpo.rollout_worker.worker import RolloutWorkerCore
 from small_run import SMALL_RUN
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# some tests run this module's functions inside the ranks (``__ray_call__``), whose
+# processes cannot import it: they travel by value
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 PROMPTS = [
     "a red circle on a blue background",
@@ -52,7 +62,7 @@ def group_of(ray_local):
     orchestration/warm_actors.py) instead of two new processes importing torch each."""
     kept: list = []
 
-    def group_of(cfg) -> LearnerGroup:
+    def group_of(cfg, before_form=None) -> LearnerGroup:
         options, cfg_dict = ActorResources().ray_options(), cfg.model_dump(mode="json")
         if kept:
             try:
@@ -63,6 +73,8 @@ def group_of(ray_local):
                 kept.clear()
         group = LearnerGroup(cfg, options, list(kept) or None)
         kept[:] = group.ranks
+        if before_form is not None:
+            before_form(group)
         group.form()
         ray.get(group.ready_refs())
         return group
@@ -160,3 +172,231 @@ def test_two_rank_update_equals_one_rank_update(group_of, world, mode, tmp_path)
     if mode == "full":  # both at v1 with the same optimizer state: the padding update
         padded = _batches(_cfg(world, "sampling.prompts_per_worker=1"), workers=1)
         _equal_updates(one, group, [dataclasses.replace(b, version=1) for b in padded])
+
+
+class _Ops(TorchDispatchMode):
+    """What ran inside: the dtype of every all-gather's input (its bytes on the wire),
+    and every random fill of real memory (a module's initialisation; meta tensors,
+    which hold none, are left out)."""
+
+    RANDOM_FILLS = frozenset({"uniform_", "normal_", "random_", "bernoulli_", "exponential_"})
+
+    def __init__(self):
+        super().__init__()
+        self.gathered: list[torch.dtype] = []
+        self.random_fills = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name.startswith("all_gather"):
+            self.gathered.append(args[0].dtype)
+        elif name in self.RANDOM_FILLS and not args[0].is_meta:
+            self.random_fills += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _publish_seen(learner):
+    """In a rank: ``weights()`` with the dtypes its all-gathers carried, and the state
+    as the learner computed it before: every weight gathered whole in float32 to rank
+    0's host by the state-dict API, then cast there."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    core = learner.core
+    with _Ops() as ops:
+        published = core.weights()
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    gathered = get_model_state_dict(core.transformer, options=options)
+    dtype = getattr(torch, core.cfg.model.rollout_weights_dtype)
+    cast = {k: v.to(dtype) if v.is_floating_point() else v for k, v in gathered.items()}
+    return published, ops.gathered, gathered, cast
+
+
+def test_sharded_publish_gathers_bfloat16_shards_into_the_bytes_a_float32_gather_gives(
+    group_of, world
+):
+    """The shards are cast on each rank's device before the all-gather (half the
+    bytes, no float32 copy on rank 0's host), and rank 0 publishes exactly the state
+    gathering in float32 and casting after gave: the same tensors, bit for bit, and
+    the same checksum."""
+    bf16 = ["model.dtype=bfloat16", "model.rollout_weights_dtype=bfloat16"]
+    group = group_of(_cfg(world, "train.learner.count=2", *bf16))
+    answers = ray.get([r.__ray_call__.remote(_publish_seen) for r in group.ranks])
+    (version, state, checksum), gathered0, full, expected = answers[0]
+    published1, gathered1, *_ = answers[1]
+    assert published1 is None  # rank 1 took part in the gathers, rank 0 publishes
+    for seen in (gathered0, gathered1):  # one all-gather per tensor, each in bfloat16
+        assert seen == [torch.bfloat16] * len(expected)
+    assert version == 0 and list(state) == list(expected)
+    for name, tensor in expected.items():
+        assert state[name].dtype == tensor.dtype == torch.bfloat16, name
+        assert torch.equal(state[name].view(torch.int16), tensor.view(torch.int16)), name
+    assert checksum == weights_checksum(expected) == weights_checksum(state)
+    # the float32 weights do not all fit bfloat16: the cast rounds (the comparison is
+    # not between copies of the same bytes)
+    rounded = sum(int((full[k] != expected[k].float()).sum()) for k in full)
+    assert rounded > 0.9 * sum(t.numel() for t in full.values())
+
+
+def _scale_weights(learner, factor: float):
+    with torch.no_grad():  # a DTensor multiplies its shard
+        for p in learner.core.transformer.parameters():
+            p.mul_(factor)
+
+
+def _trained_state(learner):
+    return learner.core.trained_state()
+
+
+def _export_seen(learner, directory: str):
+    """In a rank: its export, with how many random fills of real memory it ran."""
+    with _Ops() as ops:
+        out = learner.core.export(directory)
+    return out, ops.random_fills
+
+
+def _scale_module(module: torch.nn.Module, factor: float) -> None:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.mul_(factor)
+
+
+def test_export_writes_the_trained_weights_without_initialising_another_model(
+    group_of, world, tmp_path
+):
+    """A sharded group's export (rank 0 gathers, then writes) and one learner's
+    load back with ``from_pretrained`` as exactly the trained weights (the pretrained
+    ones × 1.5 on both sides, so not the files they started from), and neither fills a
+    second model with random weights first."""
+    from diffusers import FluxTransformer2DModel
+
+    group = group_of(_cfg(world, "train.learner.count=2"))
+    ray.get([r.__ray_call__.remote(_scale_weights, 1.5) for r in group.ranks])
+    trained = ray.get([r.__ray_call__.remote(_trained_state) for r in group.ranks])[0]
+    exports = ray.get(
+        [r.__ray_call__.remote(_export_seen, str(tmp_path / "group")) for r in group.ranks]
+    )
+    assert exports[1] == (None, 0)  # rank 1 gathers; rank 0 writes
+    group_dir, random_fills = exports[0]
+    assert random_fills == 0
+
+    one = LearnerCore(_cfg(world))
+    _scale_module(one.transformer, 1.5)
+    with _Ops() as ops:
+        one_dir = one.export(str(tmp_path / "one"))
+    assert ops.random_fills == 0
+    assert _max_diff(trained, one.trained_state()) == 0.0  # the same weights, two ways
+    for directory in (group_dir, one_dir):
+        loaded = FluxTransformer2DModel.from_pretrained(directory).state_dict()
+        assert sorted(loaded) == sorted(trained)
+        for name, tensor in trained.items():
+            assert loaded[name].dtype == torch.float32, name
+            assert torch.equal(loaded[name], tensor), name
+
+
+def _checkpoint_with_a_slow_rank(learner, directory: str, delay_s: float):
+    """In a rank: save then load a sharded checkpoint while rank 1 is ``delay_s``
+    late at each point where the ranks wait for each other (before the save, in its
+    writes, in its reads), with the default group's timeout a third of that, as a
+    short NCCL watchdog would have it. Returns (weights saved, weights loaded, the
+    version loaded)."""
+    import contextlib
+    from datetime import timedelta
+    from unittest import mock
+
+    import torch.distributed as dist
+    from g2rpo.common.timeouts import collective_timeout_s
+    from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+
+    def late(cls, name):
+        if learner.rank != 1:
+            return contextlib.nullcontext()
+        method = getattr(cls, name)
+
+        def slow(*args, **kwargs):
+            time.sleep(delay_s)
+            return method(*args, **kwargs)
+
+        return mock.patch.object(cls, name, slow)
+
+    core = learner.core
+    saved = core.trained_state()  # collectives over the default group, before it shrinks
+    set_timeout = dist.distributed_c10d._set_pg_timeout  # the default group's
+    set_timeout(timedelta(seconds=delay_s / 3))
+    try:
+        core.version = 7
+        if learner.rank == 1:
+            time.sleep(delay_s)  # rank 0 waits in the barrier after removing the partial
+        with late(FileSystemWriter, "write_data"):
+            core.save(directory)
+        _scale_module(core.transformer, 0.5)  # what the load must undo
+        core.version = 0
+        with late(FileSystemReader, "read_data"):
+            core.load(directory)
+    finally:
+        set_timeout(timedelta(seconds=collective_timeout_s(core.cfg)))
+    return saved, core.trained_state(), core.version
+
+
+def test_ranks_wait_for_a_slow_checkpoint_writer_longer_than_the_default_groups_timeout(
+    group_of, world, tmp_path
+):
+    """Checkpoints coordinate over the group's gloo checkpoint group, whose timeout
+    allows for the slowest writer: a rank late by 3× the default group's timeout at
+    the barrier, in its writes and in its reads fails nothing, and the checkpoint
+    (replacing a stale partial) loads back what was saved."""
+    group = group_of(_cfg(world, "train.learner.count=2"))
+    directory = tmp_path / "it_00007.dcp"
+    stale = tmp_path / "it_00007.dcp.partial"
+    stale.mkdir()
+    (stale / "left_by_a_crash").write_text("")
+    answers = ray.get(
+        [
+            r.__ray_call__.remote(_checkpoint_with_a_slow_rank, str(directory), 1.5)
+            for r in group.ranks
+        ]
+    )
+    saved, loaded, version = answers[0]
+    assert version == answers[1][2] == 7
+    assert _max_diff(saved, loaded) == 0.0
+    assert not stale.exists() and not (directory / "left_by_a_crash").exists()
+    assert sorted(p.name for p in directory.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def _slow_next_read(learner, delay_s: float):
+    """In a rank: its next read of a pretrained transformer takes ``delay_s`` longer
+    (shared storage at FLUX scale); the one after is as before."""
+    from diffusers import FluxTransformer2DModel
+
+    own = FluxTransformer2DModel.__dict__.get("from_pretrained")
+
+    def slow(*args, **kwargs):
+        if own is None:
+            del FluxTransformer2DModel.from_pretrained
+        else:
+            FluxTransformer2DModel.from_pretrained = own
+        time.sleep(delay_s)
+        return FluxTransformer2DModel.from_pretrained(*args, **kwargs)
+
+    FluxTransformer2DModel.from_pretrained = staticmethod(slow)
+
+
+def test_a_sharded_group_forms_after_rank_0_read_its_weights_however_long_that_takes(
+    group_of, world
+):
+    """Rank 0 reads the weights for a while longer than the collective timeout: the
+    other ranks wait for it before the group forms (in Ray), not in the group's first
+    collective, and the shards then hold the weights read from disk."""
+    from safetensors.torch import load_file
+
+    cfg = _cfg(world, "train.learner.count=2", "train.collective_timeout_s=5")
+
+    def slow_rank0(group):
+        ray.get(group.rank0.__ray_call__.remote(_slow_next_read, 8.0))
+
+    started = time.monotonic()
+    group = group_of(cfg, before_form=slow_rank0)
+    assert time.monotonic() - started > 8.0  # the read was slow
+    state = _published(group)
+    on_disk = load_file(world / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors")
+    assert sorted(state) == sorted(on_disk)
+    assert all(torch.equal(state[k], on_disk[k]) for k in on_disk)
