@@ -259,13 +259,24 @@ class G2RPOConfig(Section):
                     "those actors would run the model on a GPU Ray did not reserve for them; "
                     f"give each one ({path}.num_gpus: 1, or a fraction to share one){also}"
                 )
-        if t.learner.count > 1 and t.learner.num_gpus < 1:
-            raise ValueError(
-                f"train.learner.num_gpus {t.learner.num_gpus:g} with train.learner.count "
-                f"{t.learner.count} on CUDA (model.device {device}): Ray may put two ranks of "
-                "the learner group on one GPU, which NCCL refuses; give each learner rank a "
-                "whole GPU (train.learner.num_gpus: 1)"
-            )
+        # Learner ranks sit in placement-group bundles of whole GPUs (orchestration/
+        # placement.py), so two ranks of the learner group never share one. The weight
+        # broadcast's group (learner rank 0 and every worker) has no such bundles: a
+        # fraction of a GPU there could put two of its ranks on one device.
+        if t.weights.transport == "collective":
+            shared = {
+                f"train.{name}.num_gpus": kind.num_gpus
+                for name, kind in (("learner", t.learner), ("workers", t.workers))
+                if kind.num_gpus < 1
+            }
+            if shared:
+                fields = ", ".join(f"{k} {v:g}" for k, v in shared.items())
+                raise ValueError(
+                    f"train.weights.transport collective on CUDA with {fields}: the weight "
+                    "broadcast's NCCL group (learner rank 0 and every rollout worker) could "
+                    "get two ranks on one GPU, which NCCL refuses; give them whole GPUs or "
+                    "use train.weights.transport: object_store"
+                )
         return self
 
     @model_validator(mode="after")

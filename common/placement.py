@@ -9,8 +9,11 @@ import ray
 
 
 def where_am_i() -> dict:
-    """Called inside an actor: its node, process, the resources Ray gave it and the
-    torch CPU threads it computes with (a run's numbers depend on them)."""
+    """Called inside an actor: its node, process, the resources Ray gave it, the
+    torch CPU threads it computes with (a run's numbers depend on them) and its
+    process's peak resident memory so far."""
+    import resource
+
     import torch
 
     ctx = ray.get_runtime_context()
@@ -20,4 +23,6 @@ def where_am_i() -> dict:
         "pid": os.getpid(),
         "resources": {k: v for k, v in ctx.get_assigned_resources().items() if v},
         "torch_threads": torch.get_num_threads(),
+        # ru_maxrss is in KiB on Linux
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }

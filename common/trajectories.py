@@ -87,6 +87,46 @@ class Trajectories:
     leaf_latents: torch.Tensor | None = None  # [leaves, ...] clean latents (plan.keep_leaves)
     timings: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors it carries (what moves from a worker to each learner)."""
+        tensors = [*vars(self.transitions).values(), *self.cond.values(), self.leaf_latents]
+        tensors += list(self.leaf_rewards.values())
+        return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+    def summary(self) -> RolloutSummary:
+        """What the driver reads of it: everything but the samples."""
+        return RolloutSummary(
+            worker=self.worker,
+            iteration=self.iteration,
+            version=self.version,
+            plan=self.plan,
+            leaf_rewards=self.leaf_rewards,
+            nfe=self.nfe,
+            model_calls=self.model_calls,
+            nfe_algorithm=self.nfe_algorithm,
+            timings=dict(self.timings),
+            nbytes=self.nbytes,
+        )
+
+
+@dataclass
+class RolloutSummary:
+    """A worker's rollout as the driver sees it (its rewards, counts, timings and
+    size) while the trajectories themselves go from the worker's node straight to the
+    learner ranks by object reference, never through the driver."""
+
+    worker: int
+    iteration: int
+    version: int
+    plan: RolloutPlan
+    leaf_rewards: dict[str, torch.Tensor]
+    nfe: int
+    model_calls: int
+    nfe_algorithm: int
+    timings: dict[str, float]
+    nbytes: int
+
 
 def adv_slot_offsets(batches: list[Trajectories]) -> list[int]:
     """Where each batch's advantage slots start once the batches are merged (their

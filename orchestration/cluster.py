@@ -14,11 +14,24 @@ from pathlib import Path
 import ray
 
 from ..common.config import G2RPOConfig
+from ..common.errors import RunFailed
 from ..common.ray_init import init_ray
+from ..common.timeouts import collective_timeout_s, worker_start_timeout_s
+from ..learner.actor import Learner
 from ..learner.group import LearnerGroup
 from ..reward_server.replicas import RewardSource
 from ..rollout_worker.actor import RolloutWorker
-from .placement import PlacementError, local_cluster_resources, ray_resources, wait_placed
+from .placement import (
+    PlacementError,
+    in_bundle,
+    learner_placement_group,
+    local_cluster_resources,
+    ray_resources,
+    wait_group_placed,
+    wait_placed,
+)
+from .reward_check import WAIT_S, check_scorers_served
+from .shared_dir import nodes_of, probe_nodes
 
 # with kept actors left beside a run's new ones: how long its actors may take to be
 # placed and started before the kept ones are stopped to make room (a new actor
@@ -29,6 +42,7 @@ KEPT_ROOM_WAIT_S = 60.0
 @dataclass
 class RunActors:
     learner: LearnerGroup | None = None
+    learner_pg: object = None  # the learner ranks' placement group: kept across recovery
     workers: list = field(default_factory=list)
     rewards: RewardSource | None = None
     evaluator: object = None  # train.eval.on_actor: a worker that only evaluates
@@ -38,6 +52,8 @@ class RunActors:
             self.rewards.close()
         if self.learner is not None:
             self.learner.kill()
+        if self.learner_pg is not None:
+            ray.util.remove_placement_group(self.learner_pg)
         for actor in [*self.workers, self.evaluator]:
             if actor is not None:
                 ray.kill(actor, no_restart=True)
@@ -88,34 +104,69 @@ def new_rollout_workers(cfg: dict, indices: list[int], options: dict) -> list:
     return [RolloutWorker.options(**options).remote(cfg, i) for i in indices]
 
 
-def start_actors(cfg: G2RPOConfig, redis_url: str | None, warm=None) -> RunActors:
+def new_learner_group(cfg: G2RPOConfig, options: dict, pg) -> LearnerGroup:
+    """A learner group whose rank i is placed in bundle i of ``pg``."""
+    n, cfg_dict = cfg.train.learner.count, cfg.model_dump(mode="json")
+    ranks = [Learner.options(**in_bundle(options, pg, r)).remote(cfg_dict, r, n) for r in range(n)]
+    return LearnerGroup(cfg, options, ranks)
+
+
+def start_ray(cfg: G2RPOConfig, redis_url: str | None) -> None:
+    """The cluster RAY_ADDRESS names (as a job joins it), else a local Ray with the
+    resources the config asks for and Ray's default object store (30% of RAM: a
+    published version is a few objects of its size)."""
+    if ray.is_initialized():
+        return
+    # Ray's INFO lines (started, connecting, connected) are not the run's output; on a
+    # local Ray the actors' output would interleave with the progress bar (a cluster's
+    # job shows it: common/ray_init.py)
+    init_ray(
+        **local_cluster_resources(cfg, redis_url),
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+    )
+
+
+def start_actors(
+    cfg: G2RPOConfig, redis_url: str | None, warm=None, run_dir: Path | None = None
+) -> RunActors:
     """Ray (local unless RAY_ADDRESS points at a cluster), the reward replicas, the
-    learner and the rollout workers, each placed by the resources the config asks;
-    with ``warm`` (a WarmActors), those an earlier run of this process left are taken
-    first. Whatever was started is stopped again if any of it fails."""
-    if not ray.is_initialized():
-        # Ray's INFO lines (started, connecting, connected) are not the run's output
-        init_ray(
-            **local_cluster_resources(cfg, redis_url),
-            include_dashboard=False,
-            object_store_memory=512 * 2**20,
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-        )
-    t, r, cfg_dict = cfg.train, cfg.train.reward, cfg.model_dump(mode="json")
-    learner_opts = t.learner.ray_options()
-    worker_opts = t.workers.ray_options()
-    eval_opts = t.eval.ray_options()
-    reward_opts = r.ray_options()
+    learner and the rollout workers, each placed by the resources the config asks
+    (the learner ranks in a placement group of their own); with ``warm`` (a
+    WarmActors), those an earlier run of this process left are taken first. Before any
+    model loads, each scorer is checked to have a replica and ``run_dir`` to be one
+    filesystem for every node (shared_dir.py). Whatever was started is stopped again
+    if any of it fails."""
+    start_ray(cfg, redis_url)
+    t, cfg_dict = cfg.train, cfg.model_dump(mode="json")
+    learner_opts = t.ray_options(t.learner)
+    worker_opts = t.ray_options(t.workers)
+    eval_opts = t.ray_options(t.eval)
+    reward_opts = t.ray_options(t.reward)
     actors = RunActors()
-    workers, kept_ranks = new_rollout_workers, None
+    workers, kept = new_rollout_workers, None
     if warm is not None:
         warm.start_run()
         workers = warm.rollout_workers
-        kept_ranks = warm.learner_ranks(cfg_dict, t.learner.count, learner_opts)
+        kept = warm.learner_group(cfg, learner_opts)
     try:
         actors.rewards = RewardSource(cfg, redis_url)
-        actors.learner = LearnerGroup(cfg, learner_opts, kept_ranks)
+        if t.reward.job_replicas(redis_url) == 0:
+            endpoints = actors.rewards.endpoints()
+            check_scorers_served(
+                actors.rewards.scorers,
+                endpoints.urls,
+                endpoints.redis_url,
+                endpoints.token,
+                wait_s=min(WAIT_S, t.reward.deadline_s),
+            )
+        if kept is not None:
+            actors.learner, actors.learner_pg = kept
+        else:
+            actors.learner_pg = learner_placement_group(cfg)
+            wait_group_placed(actors.learner_pg, cfg, t.placement_timeout_s)
+            actors.learner = new_learner_group(cfg, learner_opts, actors.learner_pg)
         actors.workers = workers(cfg_dict, list(range(t.workers.count)), worker_opts)
         groups = []
         if t.eval.on_actor:  # a worker of its own that only evaluates (index -1: no rollouts)
@@ -125,7 +176,7 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None, warm=None) -> RunActor
             )
         if warm is not None:  # kept actors this run did not take, where room is short
             started = [*warm.started, *[reward_opts] * len(actors.rewards.replicas)]
-            started += [learner_opts] * len(actors.learner.ranks) if kept_ranks is None else []
+            started += [learner_opts] * len(actors.learner.ranks) if kept is None else []
             warm.release_unused(needed=ray_resources(started))
         placed = [
             ("train.reward (num_cpus/num_gpus/resources)", actors.rewards.replicas, reward_opts),
@@ -135,18 +186,23 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None, warm=None) -> RunActor
         ]
         if warm is not None and warm.holds_unused():
             try:  # another driver may have taken the room they were left in
-                wait_placed(placed, min(t.placement_timeout_s, KEPT_ROOM_WAIT_S))
+                where = wait_placed(placed, min(t.placement_timeout_s, KEPT_ROOM_WAIT_S))
             except PlacementError:
                 warm.release_unused()
-                wait_placed(placed, t.placement_timeout_s)
+                where = wait_placed(placed, t.placement_timeout_s)
         else:
-            wait_placed(placed, t.placement_timeout_s)
-        # placed; now form the learner group, load the models and start the servers
-        # (errors surface here)
-        actors.learner.form()
+            where = wait_placed(placed, t.placement_timeout_s)
+        if run_dir is not None:  # before any model loads: checkpoints must reach the driver
+            kinds = ("learner rank", "rollout worker", "evaluator")
+            probe_nodes(run_dir, nodes_of(list(zip(kinds, where[1:], strict=False))), 60.0)
+        # placed; now load the models and start the servers while the learner group
+        # forms (rank 0 reads its weights before it: learner/group.py), errors surface
+        # in the waits
         everyone = [*actors.rewards.replicas, *actors.workers]
         everyone += [actors.evaluator] if actors.evaluator is not None else []
-        ray.get([a.ready.remote() for a in everyone] + actors.learner.ready_refs())
+        starting = [a.ready.remote() for a in everyone]
+        actors.learner.form()
+        wait_started(starting, actors.learner, cfg)
         actors.rewards.refresh(strict=True)
     except BaseException:
         actors.stop()
@@ -154,21 +210,53 @@ def start_actors(cfg: G2RPOConfig, redis_url: str | None, warm=None) -> RunActor
     return actors
 
 
+def wait_started(starting: list, learner: LearnerGroup, cfg: G2RPOConfig) -> None:
+    """Every actor's ``ready()`` (``starting``: their refs; its models loaded, its
+    server up) and the learner ranks', within the scaled start timeouts; a timeout
+    names the field that bounds it."""
+    starts = [(ref, "train.workers.start_timeout_s") for ref in starting]
+    starts += [(ref, "train.collective_timeout_s") for ref in learner.ready_refs()]
+    limit = max(worker_start_timeout_s(cfg), collective_timeout_s(cfg))
+    refs = [ref for ref, _ in starts]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=limit)
+    if len(ready) < len(refs):
+        late = sorted({field for ref, field in starts if ref not in ready})
+        raise RunFailed(
+            f"{len(refs) - len(ready)} of {len(refs)} actors did not load their models "
+            f"within {limit:.0f} s ({', '.join(late)}; None scales with the weights' size "
+            "on disk: common/timeouts.py)"
+        )
+    ray.get(refs)  # raise the first actor's own error, if one failed
+
+
 def call_with_restart(
-    make_call, actor, attempts: int = 3, timeout: float | None = None, restart_s: float = 300.0
+    make_call,
+    actor,
+    attempts: int = 3,
+    timeout: float | None = None,
+    restart_s: float = 300.0,
 ):
     """Run an actor call; if the actor died, wait for Ray to restart it and redo it
     (``make_call`` must bring a fresh actor to the state the call needs). While Ray
     is still restarting it (ActorUnavailableError: a new process importing torch on a
     busy node takes seconds) the call is tried again every second for up to
-    ``restart_s``; only a call that reached the actor and saw it die counts against
-    ``attempts``. The restarted actor's start (its ``ready()``: a new process loading
-    its pipeline) is waited for on that clock too; ``timeout`` is for the call itself,
-    which raises ray's GetTimeoutError when not back by then."""
+    ``restart_s`` (``train.workers.start_timeout_s``, scaled with the pipeline); only a
+    call that reached the actor and saw it die counts against ``attempts``. The
+    restarted actor's start (its ``ready()``: a new process loading its pipeline) is
+    waited for on that clock too, and RunFailed names that field when it runs out;
+    ``timeout`` is for the call itself (``train.workers.rollout_timeout_s``), which
+    raises ray's GetTimeoutError when not back by then."""
     deadline, deaths = time.monotonic() + restart_s, 0
     while True:
         try:
-            ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            try:
+                ray.get(actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            except ray.exceptions.GetTimeoutError:
+                raise RunFailed(
+                    f"an actor Ray restarted did not load its pipeline again within "
+                    f"train.workers.start_timeout_s={restart_s:.0f} s (None scales it with "
+                    "the pipeline's size on disk: common/timeouts.py)"
+                ) from None
             return ray.get(make_call(actor), timeout=timeout)
         except ray.exceptions.ActorUnavailableError:
             if time.monotonic() > deadline:
@@ -180,7 +268,7 @@ def call_with_restart(
         time.sleep(1.0)
 
 
-def get_or_redo(ref, make_call, actor, timeout: float | None):
+def get_or_redo(ref, make_call, actor, timeout: float | None, restart_s: float = 300.0):
     """The answer of a call already made (``ref``); if the actor died, or was stuck
     past ``timeout`` (then it is killed), Ray restarts it and the call is made
     again on the new one (``make_call`` brings it to the state the call needs). A
@@ -191,4 +279,4 @@ def get_or_redo(ref, make_call, actor, timeout: float | None):
         ray.kill(actor, no_restart=False)  # stuck: Ray restarts it
     except ray.exceptions.RayActorError:
         pass
-    return call_with_restart(make_call, actor, timeout=timeout)
+    return call_with_restart(make_call, actor, timeout=timeout, restart_s=restart_s)

@@ -23,14 +23,19 @@ from tqdm.auto import tqdm
 from ..common.config import G2RPOConfig
 from ..common.errors import RunFailed
 from ..common.prompts import prompts_for, read_prompts
+from ..common.timeouts import worker_start_timeout_s
+from ..learner.checkpoints import complete
 from ..learner.trainer import sharded_learner
 from ..planning.check import refuse_misfit
 from ..run_directory.files import (
     append_metrics,
     checkpoint_path,
+    checkpoint_to_resume,
     draw_curves,
+    grid_samples,
     prune_checkpoints,
     read_metrics,
+    record_checkpoint,
     replace_other_layout,
     save_evaluation,
     write_sample_grid,
@@ -63,7 +68,25 @@ class PendingRollout:
     iteration: int
     weights: Published
     shares: list
-    refs: list
+    summaries: list  # each worker's RolloutSummary ref
+    trajectories: list  # each worker's Trajectories ref (a redo replaces it)
+
+
+@dataclass
+class Step:
+    """An iteration from the moment its update was sent to the learner group: what
+    its metrics row needs. A stop (Ctrl-C, SIGTERM) that lands from then on finishes
+    it (the ranks are applying the update anyway) before checkpointing, so the
+    checkpoint is named by the iteration the learner really reached and no row is
+    missing on resume."""
+
+    iteration: int
+    weights: Published  # the version the batch was sampled with
+    summaries: list
+    update: list  # the ranks' update refs
+    evaluation: PendingEval | dict | None  # pending, or its row entries once collected
+    clock: PhaseClock
+    stats: dict | None = None
 
 
 @dataclass
@@ -81,6 +104,11 @@ class TrainingLoop:
     status: object = None
     next_rollout: PendingRollout | None = None  # weights.staleness >= 1: started beside the update
     published: Published | None = None
+    step: Step | None = None  # the iteration whose update is in flight or being recorded
+    restart_s: float = field(init=False)  # train.workers.start_timeout_s, resolved
+    # told at each phase boundary (``at(point, loop, iteration)``): `g2rpo rehearse`
+    # times phases and injects its faults there
+    hooks: object = None
     learner_restarts: int = 0  # learner groups formed again in this run (recovery.py)
     # time.monotonic() of the last curves.png, or of the start: the first is drawn a minute
     # in (a run shorter than that draws it once, at its end)
@@ -89,11 +117,17 @@ class TrainingLoop:
     def __post_init__(self) -> None:
         self.budget = Budget(self.cfg.run.nfe_budget)
         self.publisher = publisher_for(self.actors, self.cfg)
+        self.restart_s = worker_start_timeout_s(self.cfg)
 
     # ------------------------------------------------------------------ phases
+    def at(self, point: str, it: int) -> None:
+        if self.hooks is not None:
+            self.hooks.at(point, self, it)
+
     def publish(self) -> Published:
         """The learner's current weights to every rollout worker, by object store or
         broadcast (``train.weights.transport``); each verifies version and checksum."""
+        self.at("publish", -1)
         self.actors.rewards.refresh(timeout=self.cfg.train.placement_timeout_s)
         return self.publisher.publish()
 
@@ -101,14 +135,19 @@ class TrainingLoop:
         """Start the held-out evaluation of the published weights (every train.eval.every
         iterations and at the last one); it runs on the evaluator while the workers
         roll out. Without an evaluator it runs on worker 0 before the rollout."""
-        t = self.cfg.train
         if not (self.eval_due(it) or last):
             return None
         actor = self.actors.evaluator or self.actors.workers[0]
         if self.actors.evaluator is not None:
             weights.load_on(actor)  # actor calls run in order: no wait needed
-        ref = actor.evaluate.remote(self.eval_prompts, t.eval.seed, self.actors.rewards.endpoints())
+        ref = self._evaluate_on(actor)
         return PendingEval(it, actor, weights, ref, self.budget.total)
+
+    def _evaluate_on(self, actor):
+        """Every held-out sample scored; back come the scores and the grid's images."""
+        t, prompts = self.cfg.train, self.eval_prompts
+        keep = grid_samples(len(prompts), t.eval.per_prompt)
+        return actor.evaluate.remote(prompts, t.eval.seed, self.actors.rewards.endpoints(), keep)
 
     def eval_due(self, it: int) -> bool:
         every = self.cfg.train.eval.every_nfe
@@ -125,18 +164,25 @@ class TrainingLoop:
 
         def redo(actor):
             ray.get(pending.weights.load_on(actor))
-            return actor.evaluate.remote(
-                self.eval_prompts, self.cfg.train.eval.seed, self.actors.rewards.endpoints()
-            )
+            return self._evaluate_on(actor)
 
+        timeout = self.cfg.train.eval.timeout_s
         try:
-            samples = ray.get(pending.ref)
+            samples = ray.get(pending.ref, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(pending.actor, no_restart=False)  # stuck or slow: Ray restarts it
+            print(
+                f"the evaluation of iteration {pending.iteration} was not back within "
+                f"train.eval.timeout_s={timeout:g} s: abandoned (its actor is restarted)",
+                file=sys.stderr,
+            )
+            return {"eval_timed_out": 1}
         except ray.exceptions.RayActorError:  # restarted by Ray: load the weights, redo
-            samples = call_with_restart(redo, pending.actor)
+            samples = call_with_restart(redo, pending.actor, restart_s=self.restart_s)
         if samples.version != pending.weights.version:
             # restarted by Ray after the weights reached it and before the evaluation:
             # the new actor sampled with the weights it starts with. Redo it.
-            samples = call_with_restart(redo, pending.actor)
+            samples = call_with_restart(redo, pending.actor, restart_s=self.restart_s)
         per_prompt = self.cfg.train.eval.per_prompt
         values = pass_from_scores(samples.scores)
         record = {
@@ -169,33 +215,40 @@ class TrainingLoop:
         prompts = prompts_for(self.train_prompts, self.cfg.run.seed, it, P * len(workers))
         shares = [prompts[i * P : (i + 1) * P] for i in range(len(workers))]
         rewards = self.actors.rewards.endpoints()
-        refs = [w.rollout.remote(it, sh, rewards) for w, sh in zip(workers, shares, strict=True)]
-        return PendingRollout(it, weights, shares, refs)
+        calls = [w.rollout.remote(it, sh, rewards) for w, sh in zip(workers, shares, strict=True)]
+        self.at("rollout", it)
+        return PendingRollout(it, weights, shares, [c[0] for c in calls], [c[1] for c in calls])
 
-    def collect_rollout(self, pending: PendingRollout) -> list:
-        """The workers' trajectories. A worker that died, or whose share is not back
-        within ``train.workers.rollout_timeout_s`` (then it is killed), is restarted by Ray,
-        loads the weights the rollout was started with and redoes its share once; the
-        late result is never used, so no trajectory is trained twice or lost. So does a
-        worker that Ray restarted between the publish and its share, whose share comes
-        back sampled with other weights than the ones published for it."""
+    def collect_rollout(self, pending: PendingRollout) -> tuple[list, list]:
+        """The workers' rollout summaries, and refs to their trajectories (which go to
+        the learner ranks from the workers' nodes, never through the driver). A worker
+        that died, or whose share is not back within ``train.workers.rollout_timeout_s``
+        (then it is killed), is restarted by Ray, loads the weights the rollout was
+        started with and redoes its share once; the late result is never used, so no
+        trajectory is trained twice or lost. So does a worker that Ray restarted between
+        the publish and its share, whose share comes back sampled with other weights
+        than the ones published for it."""
         timeout = self.cfg.train.workers.rollout_timeout_s
         results = []
-        for i, ref in enumerate(pending.refs):
+        for i, ref in enumerate(pending.summaries):
             worker, redone = self.actors.workers[i], []
 
-            def redo(actor, share=pending.shares[i], redone=redone):
+            def redo(actor, i=i, redone=redone):
                 redone.append(True)
                 ray.get(pending.weights.load_on(actor))
                 rewards = self.actors.rewards.endpoints()
-                return actor.rollout.remote(pending.iteration, share, rewards)
+                summary, batch = actor.rollout.remote(pending.iteration, pending.shares[i], rewards)
+                pending.trajectories[i] = batch
+                return summary
 
             try:
-                result = get_or_redo(ref, redo, worker, timeout)
+                result = get_or_redo(ref, redo, worker, timeout, self.restart_s)
                 if result.version != pending.weights.version:
                     # restarted by Ray after the weights reached it and before this share:
                     # the new actor rolled out with the weights it starts with. Redo it.
-                    result = call_with_restart(redo, worker, timeout=timeout)
+                    result = call_with_restart(
+                        redo, worker, timeout=timeout, restart_s=self.restart_s
+                    )
                 results.append(result)
             except ray.exceptions.GetTimeoutError:
                 raise RunFailed(
@@ -206,15 +259,41 @@ class TrainingLoop:
             if redone and newest is not None and newest.version != pending.weights.version:
                 # overlapped: the redo loaded the version it was sampled with; the
                 # next rollout needs the newest again
-                got = get_or_redo(newest.load_on(worker), newest.load_on, worker, timeout)
+                got = get_or_redo(
+                    newest.load_on(worker), newest.load_on, worker, timeout, self.restart_s
+                )
                 check_loaded(i, got, newest)
-        return results
+        return results, list(pending.trajectories)
 
-    def roll_out(self, it: int, weights: Published) -> list:
+    def roll_out(self, it: int, weights: Published) -> tuple[list, list]:
         return self.collect_rollout(self.launch_rollout(it, weights))
 
-    def learn(self, batches: list) -> dict:
-        return self.actors.learner.update(batches)
+    def start_learning(self, it, weights, summaries, trajectories, evaluation, clock) -> Step:
+        """Send the iteration's trajectories (by reference) to the learner group; from
+        here a stop finishes the iteration (``finish_step``)."""
+        self.at("learn", it)
+        update = self.actors.learner.start_update(trajectories)
+        self.step = Step(it, weights, summaries, update, evaluation, clock)
+        return self.step
+
+    def learned(self, step: Step) -> dict:
+        """The learner group's update statistics (the ranks' answers)."""
+        if step.stats is None:
+            step.stats = self.actors.learner.finish(step.update, "update")
+        return step.stats
+
+    def evaluated(self, step: Step) -> dict:
+        if not isinstance(step.evaluation, dict):
+            step.evaluation = self.collect_evaluation(step.evaluation)
+        return step.evaluation
+
+    def finish_step(self, step: Step) -> dict:
+        """The step's metrics row, its update and evaluation waited for."""
+        self.learned(step)
+        self.evaluated(step)
+        row = self.summary(step)
+        self.step = None
+        return row
 
     def record(self, row: dict, last: bool) -> None:
         append_metrics(self.run_dir, row)
@@ -224,9 +303,26 @@ class TrainingLoop:
             self.status.publish(row, self.run_dir, "finished" if last else "running")
 
     def checkpoint(self, done: int, last: bool = False) -> None:
+        """The learner group's checkpoint after ``done`` iterations, checked to be the
+        learner's own iteration and to have reached the run directory as the driver
+        sees it (else the run stops naming run.output_dir: shared_dir.py), then
+        recorded, so a resume that cannot find it stops instead of starting over."""
+        self.at("checkpoint", done)
+        at = ray.get(self.actors.learner.rank0.iteration.remote())
+        if at != done:  # a checkpoint named for another iteration would skip or redo one
+            raise RuntimeError(f"checkpoint of iteration {done}: the learner is at {at}")
         sharded = sharded_learner(self.cfg)
         replace_other_layout(self.run_dir, done, sharded)
-        self.actors.learner.save(str(checkpoint_path(self.run_dir, done, sharded)))
+        path = checkpoint_path(self.run_dir, done, sharded)
+        self.actors.learner.save(str(path))
+        if not complete(path):
+            raise RunFailed(
+                f"run.output_dir: the learner group saved {path.name}, but the driver does not "
+                f"see it whole in {path.parent}: the run directory must be one filesystem for "
+                "the driver and every node (README, 'What the cluster must provide')"
+            )
+        record_checkpoint(self.run_dir, path)
+        self.at("checkpointed", done)
         prune_checkpoints(self.run_dir, self.cfg)
         # curves.png at the session's last checkpoint, and at most once a minute before:
         # a redraw is 0.5 s of driver time on 2 cores, a quarter of a tiny-world iteration
@@ -245,17 +341,17 @@ class TrainingLoop:
         with clock.aside():  # bookkeeping, not a phase of the algorithm
             record_actors(self.run_dir, self.actors)
         with clock.phase("eval"):  # without an evaluator it runs here, on worker 0
-            pending = self.evaluate(it, weights, last)
+            evaluation = self.evaluate(it, weights, last)
             if self.actors.evaluator is None:
-                evaluation = self.collect_evaluation(pending)
+                evaluation = self.collect_evaluation(evaluation)
         with clock.phase("rollout_and_reward"):
-            batches = self.roll_out(it, weights)
+            summaries, trajectories = self.roll_out(it, weights)
+        step = self.start_learning(it, weights, summaries, trajectories, evaluation, clock)
         with clock.phase("learn"):
-            stats = self.learn(batches)
-        if self.actors.evaluator is not None:
-            with clock.phase("eval"):  # the wait for the evaluator, off the critical path
-                evaluation = self.collect_evaluation(pending)
-        return self.summary(it, weights, batches, stats, evaluation, clock)
+            self.learned(step)
+        with clock.phase("eval"):  # the wait for the evaluator, off the critical path
+            self.evaluated(step)
+        return self.finish_step(step)
 
     def overlapped_iteration(self, it: int, last: bool) -> dict:
         """``train.weights.staleness >= 1``: iteration it+1's rollout runs on the weights the
@@ -273,38 +369,69 @@ class TrainingLoop:
         sampled = self.next_rollout
         pending = self.evaluate(it, self.published, last)  # the newest weights, as in order
         with clock.phase("rollout_and_reward"):
-            batches = self.collect_rollout(sampled)
+            summaries, trajectories = self.collect_rollout(sampled)
         # the workers hold the newest weights: the next rollout starts on them now
         self.next_rollout = None if last else self.launch_rollout(it + 1, self.published)
+        step = self.start_learning(it, sampled.weights, summaries, trajectories, pending, clock)
         with clock.phase("learn"):
-            stats = self.learn(batches)
+            self.learned(step)
         with clock.phase("eval"):
-            evaluation = self.collect_evaluation(pending)
+            self.evaluated(step)
         if self.next_rollout is not None:
             with clock.phase("publish"):  # each worker loads it after that rollout
                 self.published = self.publish()
-        return self.summary(it, sampled.weights, batches, stats, evaluation, clock)
+        return self.finish_step(step)
 
-    def summary(self, it, weights: Published, batches, stats, evaluation, clock) -> dict:
+    def summary(self, step: Step) -> dict:
         """The iteration's metrics row. ``time/<phase>_s`` is the driver's wall time
         in each phase (``publish`` with overlapped iterations includes waiting for the
         rollout in flight); ``time/weight_push_s`` is the push's own work in either
-        mode (rank 0 producing the version + the slowest worker loading it)."""
-        row = {"iteration": it, "version": weights.version, "weights_bytes": weights.nbytes}
+        mode (rank 0 producing the version + the slowest worker loading it).
+        ``trajectory_bytes`` and ``reward_request_bytes`` are the largest a worker sent
+        (to the learner ranks, in one scoring request)."""
+        weights, summaries = step.weights, step.summaries
+        row = {"iteration": step.iteration, "version": weights.version}
+        row["weights_bytes"] = weights.nbytes
         row["weights_via"] = weights.via
         row.update(self.publisher.counters())
         if self.learner_restarts:
             row["learner_restarts"] = self.learner_restarts
-        row.update(summarise_batches(batches, stats))
+        row.update(summarise_batches(summaries, step.stats))
         self.budget.add(row["nfe_train"])
         row["nfe_train_total"] = self.budget.total
-        row.update(evaluation)
-        row.update(clock.row())
+        row.update(step.evaluation)
+        row.update(step.clock.row())
         row.setdefault("time/eval_s", 0.0)
         row["time/weight_push_s"] = weights.push_s
-        row["time/rollout_s"] = max(b.timings["rollout_s"] for b in batches)
-        row["time/reward_s"] = max(b.timings["reward_s"] for b in batches)
+        row["time/rollout_s"] = max(b.timings["rollout_s"] for b in summaries)
+        row["time/reward_s"] = max(b.timings["reward_s"] for b in summaries)
+        row["trajectory_bytes"] = max(b.nbytes for b in summaries)
+        sent = [b.timings.get("reward_request_bytes") for b in summaries]
+        if all(n is not None for n in sent):
+            row["reward_request_bytes"] = max(sent)
+            row["reward_requests"] = sum(b.timings.get("reward_requests", 1) for b in summaries)
         return row
+
+    def finish_interrupted(self, done: int) -> int:
+        """After a stop: an iteration whose update was already sent is finished and
+        recorded (its ranks apply the update whatever the driver does, so a checkpoint
+        now holds iteration ``done + 1``); returns the iterations done. A second stop
+        while it finishes leaves without a checkpoint (the last one stays)."""
+        step = self.step
+        if step is None:
+            return done
+        print(
+            f"\nstopping: finishing iteration {step.iteration} (its update is under way) "
+            "before the checkpoint; stop again to leave without one",
+            file=sys.stderr,
+        )
+        try:
+            row = self.finish_step(step)
+        except KeyboardInterrupt:
+            print("stopped again: no checkpoint written", file=sys.stderr)
+            raise
+        self.record(row, last=False)
+        return step.iteration + 1
 
     def run(self, start: int, end: int, progress: bool) -> int:
         """Iterations start..end-1 (fewer when the NFE budget runs out); returns the
@@ -338,6 +465,7 @@ class TrainingLoop:
                 if stop:
                     break
         except KeyboardInterrupt:
+            done = self.finish_interrupted(done)
             self.checkpoint(done, last=True)
             print(
                 f"\ninterrupted after iteration {done}; resume with: "
@@ -359,6 +487,7 @@ def train(
     progress: bool = True,
     max_iterations: int | None = None,
     warm: WarmActors | None = None,
+    hooks=None,
 ) -> Path:
     """Train (or resume) one run; returns its directory. ``warm``: actors kept from
     an earlier run of this process are taken first, and this run's are kept when it
@@ -369,14 +498,16 @@ def train(
         return run_dir
     cfg.model.check_trainable()  # before any actor loads a model
     refuse_misfit(cfg)  # a CUDA run that `g2rpo plan` says cannot fit stops here
+    if resume is not None:
+        checkpoint_to_resume(run_dir)  # a recorded checkpoint missing: stop before any actor
     t = cfg.train
     train_prompts = read_prompts(t.prompts, "train.prompts")
     eval_prompts = read_prompts(t.eval.prompts, "train.eval.prompts")[: t.eval.samples]
     eval_prompts = [p for p in eval_prompts for _ in range(t.eval.per_prompt)]
-    actors = start_actors(cfg, redis_url, warm)
+    actors = start_actors(cfg, redis_url, warm, run_dir)
     ended = False
     try:
-        loop = TrainingLoop(cfg, run_dir, actors, train_prompts, eval_prompts)
+        loop = TrainingLoop(cfg, run_dir, actors, train_prompts, eval_prompts, hooks=hooks)
         start = resume_point(loop) if resume is not None else 0
         end = cfg.run.iterations
         if max_iterations is not None:

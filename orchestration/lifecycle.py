@@ -10,9 +10,9 @@ from ..common.config import G2RPOConfig, dump_config, load_config
 from ..common.errors import ConfigError, RunDirError
 from ..run_directory.files import (
     CKPT,
+    checkpoint_to_resume,
     export_final,
     finished,
-    latest_checkpoint,
     mark_finished,
     read_evaluations,
     read_metrics,
@@ -22,13 +22,15 @@ from .budget import Budget
 
 
 def open_run(config, overrides, resume) -> tuple[G2RPOConfig, Path]:
+    # absolute: the learner ranks write checkpoints and the export at this path from
+    # their own working directories, on their own nodes (shared_dir.py checks it)
     if resume is not None:
-        run_dir = Path(resume)
+        run_dir = Path(resume).absolute()
         if not (run_dir / "config.yaml").is_file():
             raise RunDirError(f"--resume {run_dir}: no config.yaml there (not a run directory)")
         return load_config(run_dir / "config.yaml", overrides), run_dir
     cfg = load_config(config, overrides)
-    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    run_dir = (Path(cfg.run.output_dir) / cfg.run.name).absolute()
     if (run_dir / "metrics.jsonl").exists():
         raise RunDirError(
             f"{run_dir} already holds a run: pass --resume {run_dir} or another run.name"
@@ -59,9 +61,11 @@ def nothing_left(cfg: G2RPOConfig, run_dir: Path) -> bool:
 
 
 def resume_point(loop) -> int:
-    """Load the last checkpoint; keep the metrics and evaluations before it."""
+    """Load the last checkpoint; keep the metrics and evaluations before it. A run
+    whose recorded checkpoint is missing stops here, its record untouched
+    (``checkpoint_to_resume``)."""
     cfg, run_dir = loop.cfg, loop.run_dir
-    ckpt = latest_checkpoint(run_dir)
+    ckpt = checkpoint_to_resume(run_dir)
     start = loop.actors.learner.load(str(ckpt)) if ckpt is not None else 0
     if start > cfg.run.iterations:
         raise ConfigError(
@@ -102,9 +106,12 @@ def finish(loop, start: int, done: int) -> None:
     else:
         return  # stopped by --max-iterations: resumable, not finished
     if done > start or not (run_dir / "final").exists():
+        loop.at("export", done)
         export_final(loop.actors.learner, run_dir)
     if done > start or not (run_dir / "evals" / f"it_{done:05d}.json").exists():
+        loop.at("final_evaluation", done)
         _evaluate_final(loop, done)
+    loop.at("finished", done)
     mark_finished(run_dir, reason, done, loop.budget.total)
 
 

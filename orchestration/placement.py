@@ -85,3 +85,63 @@ def wait_placed(groups: list[tuple[str, list, dict]], timeout_s: float) -> list[
         "; ".join(line for _, line in unplaced) + f"; the cluster has {_summary(total)} in "
         f"total, {_summary(ray.available_resources())} free"
     )
+
+
+def learner_bundles(cfg: G2RPOConfig) -> list[dict[str, float]]:
+    """One Ray bundle per learner rank: its CPUs, custom resources and GPUs. With
+    several ranks each bundle reserves whole GPUs (a rank asking 0.5 still gets a GPU
+    no other rank of its group can be given: NCCL refuses two ranks on one device);
+    a single learner reserves just its share, so it may pack beside other actors."""
+    learner = cfg.train.learner
+    bundle = {"CPU": learner.num_cpus, "GPU": learner.reserved_gpus(), **learner.resources}
+    bundle = {name: float(amount) for name, amount in bundle.items() if amount > 0}
+    # a bundle cannot be empty: a learner asking for nothing still holds a sliver of CPU
+    return [bundle or {"CPU": 0.001} for _ in range(learner.count)]
+
+
+def learner_placement_group(cfg: G2RPOConfig):
+    """The learner group's placement group (``train.learner.placement_strategy``,
+    STRICT_PACK by default: the ranks' FSDP2 traffic stays inside one node). It
+    outlives the ranks: a group formed again after a rank died is placed in it again."""
+    from ray.util import placement_group
+
+    return placement_group(learner_bundles(cfg), strategy=cfg.train.learner.placement_strategy)
+
+
+def in_bundle(options: dict, pg, index: int) -> dict:
+    """``options`` for an actor placed in bundle ``index`` of ``pg``. An actor asking
+    for no CPU or GPU still takes a sliver of its bundle's CPU (Ray places an actor in a
+    bundle by the resources it takes from it)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    strategy = PlacementGroupSchedulingStrategy(
+        pg, placement_group_bundle_index=index, placement_group_capture_child_tasks=False
+    )
+    return {**options, "scheduling_strategy": strategy}
+
+
+def wait_group_placed(pg, cfg: G2RPOConfig, timeout_s: float) -> None:
+    """Wait for the learner group's bundles; on timeout PlacementError names the fields
+    and what the cluster's nodes have (the strategy asks them of one node, or of
+    distinct ones)."""
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if ready:
+        return
+    bundles, strategy = learner_bundles(cfg), cfg.train.learner.placement_strategy
+    nodes = [
+        _summary(n["Resources"])
+        for n in ray.nodes()
+        if n.get("Alive") and n["Resources"].get("CPU", 0) + n["Resources"].get("GPU", 0) > 0
+    ]
+    ray.util.remove_placement_group(pg)
+    raise PlacementError(
+        f"train.learner: {len(bundles)} bundles of {bundles[0]} ({strategy}, "
+        "train.learner.placement_strategy) were not placed within "
+        f"train.placement_timeout_s={timeout_s:g}s"
+        + (
+            f": STRICT_PACK needs one node holding all {len(bundles)} (PACK lets them spread)"
+            if strategy == "STRICT_PACK" and len(bundles) > 1
+            else ""
+        )
+        + f"; the cluster's nodes have {nodes}, {_summary(ray.available_resources())} free"
+    )

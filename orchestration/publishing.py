@@ -52,13 +52,16 @@ class Published:
         self.push_s += max((a.seconds for a in answers), default=0.0)
 
 
-def load_everywhere(weights: Published, workers: list, timeout: float | None) -> None:
+def load_everywhere(
+    weights: Published, workers: list, timeout: float | None, restart_s: float
+) -> None:
     """Every worker loads ``weights`` from the object store and says which version
     and checksum it holds; a stuck one is killed, and a dead one is restarted by Ray
     and loads it then."""
     pending = [weights.load_on(w) for w in workers]
     answers = [
-        get_or_redo(ref, weights.load_on, workers[i], timeout) for i, ref in enumerate(pending)
+        get_or_redo(ref, weights.load_on, workers[i], timeout, restart_s)
+        for i, ref in enumerate(pending)
     ]
     weights.loaded_by_all(answers)
 
@@ -72,12 +75,12 @@ def check_loaded(worker: int, got: WeightsLoaded, weights: Published) -> None:
 
 
 class ObjectStorePublisher:
-    def __init__(self, actors: RunActors, timeout: float | None) -> None:
-        self.actors, self.timeout = actors, timeout
+    def __init__(self, actors: RunActors, timeout: float | None, restart_s: float) -> None:
+        self.actors, self.timeout, self.restart_s = actors, timeout, restart_s
 
     def publish(self) -> Published:
         weights = Published(self.actors.learner.publish())
-        load_everywhere(weights, self.actors.workers, self.timeout)
+        load_everywhere(weights, self.actors.workers, self.timeout, self.restart_s)
         return weights
 
     def counters(self) -> dict:
@@ -89,11 +92,11 @@ class BroadcastFailed(RuntimeError):
 
 
 class CollectivePublisher:
-    def __init__(self, actors: RunActors, timeout: float | None) -> None:
+    def __init__(self, actors: RunActors, timeout: float | None, restart_s: float) -> None:
         # ``timeout`` (train.workers.rollout_timeout_s) bounds a whole publish, as on the
         # object-store path; a dead peer inside a collective is caught sooner, by the
         # group's own per-operation timeout (train.collective_timeout_s)
-        self.actors, self.timeout = actors, timeout
+        self.actors, self.timeout, self.restart_s = actors, timeout, restart_s
         self.name: str | None = None  # the group every member holds; None: form one
         self.formed = 0  # groups formed: the first, then one after each restart or failure
         self.failures = 0  # broadcasts that failed (those versions went by object store)
@@ -117,7 +120,7 @@ class CollectivePublisher:
             self.name = None
             self.failures += 1
             weights.via = "object_store"
-            load_everywhere(weights, self.actors.workers, self.timeout)
+            load_everywhere(weights, self.actors.workers, self.timeout, self.restart_s)
         return weights
 
     def counters(self) -> dict:
@@ -134,7 +137,8 @@ class CollectivePublisher:
         workers = self.actors.workers
         pending = [ask(w) for w in workers]
         return [
-            get_or_redo(ref, ask, w, self.timeout) for ref, w in zip(pending, workers, strict=True)
+            get_or_redo(ref, ask, w, self.timeout, self.restart_s)
+            for ref, w in zip(pending, workers, strict=True)
         ]
 
     def _form(self) -> None:
@@ -166,7 +170,9 @@ class CollectivePublisher:
 
 
 def publisher_for(actors: RunActors, cfg):
-    t = cfg.train
+    from ..common.timeouts import worker_start_timeout_s
+
+    t, restart_s = cfg.train, worker_start_timeout_s(cfg)
     if t.weights.transport == "collective":
-        return CollectivePublisher(actors, t.workers.rollout_timeout_s)
-    return ObjectStorePublisher(actors, t.workers.rollout_timeout_s)
+        return CollectivePublisher(actors, t.workers.rollout_timeout_s, restart_s)
+    return ObjectStorePublisher(actors, t.workers.rollout_timeout_s, restart_s)

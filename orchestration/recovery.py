@@ -24,9 +24,10 @@ import time
 import ray
 
 from ..common.errors import RunFailed
-from ..learner.group import LearnerGroup, LearnerRankDied
+from ..learner.group import LearnerRankDied
 from ..run_directory.files import read_metrics
 from .budget import Budget
+from .cluster import new_learner_group
 from .lifecycle import resume_point
 from .placement import wait_placed
 
@@ -71,8 +72,10 @@ def reform(loop, died: LearnerRankDied) -> int:
     cfg, t, run_dir = loop.cfg, loop.cfg.train, loop.run_dir
     rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
     loop.actors.learner.kill()  # already stopped; kill is idempotent
-    options = t.learner.ray_options()
-    loop.actors.learner = LearnerGroup(cfg, options)  # stopped with the run's actors
+    options = t.ray_options(t.learner)
+    # in the same bundles: the group stays packed where it was (they free as the old
+    # ranks' processes end; the new ones wait for them)
+    loop.actors.learner = new_learner_group(cfg, options, loop.actors.learner_pg)
     wait_placed(
         [
             (

@@ -67,8 +67,15 @@ def _key(options: dict) -> str:
     return json.dumps(options, sort_keys=True, default=str)
 
 
+def _learner_key(cfg, options: dict) -> str:
+    """A kept learner group serves a run asking the same options, group size and
+    placement strategy (its bundles are made of those)."""
+    learner = cfg.train.learner
+    return _key({**options, "world": learner.count, "strategy": learner.placement_strategy})
+
+
 class WarmActors:
-    """The pool: after ``start_run``, ``rollout_workers`` and ``learner_ranks`` hand
+    """The pool: after ``start_run``, ``rollout_workers`` and ``learner_group`` hand
     out kept actors first (new ones for the rest); ``keep`` takes a finished run's
     back; ``close`` stops them all."""
 
@@ -78,7 +85,8 @@ class WarmActors:
         self._slots = itertools.count()
         self._free: list[_Kept] = []
         self._in_use: dict[int, _Kept] = {}  # id(handle) → entry, this run's workers
-        self._free_learners: dict[str, list] = {}  # options + group size → ranks
+        # options + group size + placement → (ranks, their placement group)
+        self._free_learners: dict[str, tuple[list, object]] = {}
         self.started: list[dict] = []  # the options of the actors this run started new
 
     def start_run(self) -> None:
@@ -108,9 +116,10 @@ class WarmActors:
                 return
         for entry in self._free:
             ray.kill(entry.handle, no_restart=True)
-        for ranks in self._free_learners.values():
+        for ranks, pg in self._free_learners.values():
             for r in ranks:
                 ray.kill(r, no_restart=True)
+            ray.util.remove_placement_group(pg)
         self._free, self._free_learners = [], {}
 
     def rollout_workers(self, cfg: dict, indices: list[int], options: dict) -> list:
@@ -137,17 +146,23 @@ class WarmActors:
             handles.append(entry.handle)
         return handles
 
-    def learner_ranks(self, cfg: dict, world: int, options: dict) -> list | None:
-        """Kept ranks of a group of ``world`` placed with ``options``, reconfigured
-        for ``cfg``; None when there are none (or one does not answer)."""
-        ranks = self._free_learners.pop(_key({**options, "world": world}), None)
-        if ranks is None:
+    def learner_group(self, cfg, options: dict):
+        """(LearnerGroup, its placement group) of kept ranks of a group of the size
+        ``cfg`` asks, placed with ``options`` and the same bundles, reconfigured for
+        ``cfg``; None when there are none (or one does not answer)."""
+        from ..learner.group import LearnerGroup
+
+        world, cfg_dict = cfg.train.learner.count, cfg.model_dump(mode="json")
+        kept = self._free_learners.pop(_learner_key(cfg, options), None)
+        if kept is None:
             return None
-        refs = [r.reconfigure.remote(cfg, i, world) for i, r in enumerate(ranks)]
+        ranks, pg = kept
+        refs = [r.reconfigure.remote(cfg_dict, i, world) for i, r in enumerate(ranks)]
         if all(self._reconfigured(ref) for ref in refs):
-            return ranks
+            return LearnerGroup(cfg, options, ranks), pg
         for r in ranks:
             ray.kill(r, no_restart=True)
+        ray.util.remove_placement_group(pg)
         return None
 
     @staticmethod
@@ -170,9 +185,8 @@ class WarmActors:
             elif handle is not None:  # not one of ours: not kept
                 ray.kill(handle, no_restart=True)
         if actors.learner is not None:
-            group = actors.learner
-            key = _key({**group.options, "world": len(group.ranks)})
-            self._free_learners[key] = list(group.ranks)
+            key = _learner_key(actors.learner.cfg, actors.learner.options)
+            self._free_learners[key] = (list(actors.learner.ranks), actors.learner_pg)
 
     def close(self) -> None:
         """Stop every kept actor and the board (nothing to do once Ray is shut down)."""

@@ -329,11 +329,12 @@ def reward_replica(cfg: G2RPOConfig) -> ActorPlan:
 
 
 def gpus_asked(cfg: G2RPOConfig) -> float:
-    """What the config asks Ray for, in GPUs (compare a recipe's header with it)."""
+    """What the config asks Ray for, in GPUs (compare a recipe's header with it); each
+    rank of a learner group reserves whole GPUs (its placement bundle)."""
     t = cfg.train
     return (
         t.workers.count * t.workers.num_gpus
-        + t.learner.count * t.learner.num_gpus
+        + t.learner.count * t.learner.reserved_gpus()
         + (t.eval.num_gpus if t.eval.on_actor else 0.0)
         + t.reward.job_replicas() * t.reward.num_gpus
     )

@@ -28,6 +28,27 @@ SIZES = {
         ),
         projection_dim=1024,
     ),
+    # `g2rpo rehearse`: a scorer's input resolution (what the server resizes 720² images
+    # to), a few channels wide
+    "rehearsal": dict(
+        vision=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=224,
+            patch_size=32,
+        ),
+        text=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=77,
+            vocab_size=514,
+        ),
+        projection_dim=16,
+    ),
     "tiny": dict(
         vision=dict(
             hidden_size=64,

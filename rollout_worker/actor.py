@@ -72,11 +72,26 @@ class RolloutWorker(WeightGroupMember):
     def loaded(self) -> tuple[int, str | None]:
         return self.core.version, self.core.checksum
 
+    @ray.method(num_returns=2)
     def rollout(self, iteration: int, prompts: list[str], rewards: RewardEndpoints):
-        return self.core.rollout(iteration, prompts, rewards)
+        """(RolloutSummary, Trajectories) as two objects: the driver reads the summary,
+        the learner ranks fetch the trajectories from this node by reference."""
+        batch = self.core.rollout(iteration, prompts, rewards)
+        return batch.summary(), batch
 
-    def evaluate(self, prompts: list[str], seed: int, rewards: RewardEndpoints) -> EvalSamples:
-        return self.core.evaluate(prompts, seed, rewards)
+    def evaluate(
+        self,
+        prompts: list[str],
+        seed: int,
+        rewards: RewardEndpoints,
+        keep: list[int] | None = None,
+    ) -> EvalSamples:
+        """Every sample's scores; of the images only those at ``keep`` (a sample grid's:
+        400 held-out images of 720² are 593 MiB the driver has no use for)."""
+        samples = self.core.evaluate(prompts, seed, rewards)
+        if keep is None:
+            return samples
+        return replace(samples, images=samples.images[keep])
 
     def pid(self) -> int:
         import os

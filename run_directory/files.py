@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from ..common.config import G2RPOConfig
+from ..common.errors import RunDirError
 from ..learner.checkpoints import PARTIAL, SHARDED_SUFFIX, complete
 
 CKPT = "checkpoints"
+CHECKPOINT_INDEX = "checkpoints.jsonl"  # the driver's record of the checkpoints it saw written
 FINISHED = "finished.json"
 
 
@@ -81,6 +83,45 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
+def record_checkpoint(run_dir: Path, path: Path) -> None:
+    """Note in the run's record that the checkpoint at ``path`` was written and seen
+    whole by the driver: a resume must then find it (or a newer one)."""
+    entry = {"iteration": iteration_of(path), "path": str(path.relative_to(run_dir))}
+    with (run_dir / CHECKPOINT_INDEX).open("a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def recorded_checkpoints(run_dir: Path) -> list[dict]:
+    path = run_dir / CHECKPOINT_INDEX
+    if not path.is_file():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def checkpoint_to_resume(run_dir: Path) -> Path | None:
+    """The checkpoint a resume loads: the newest complete one. A run whose record
+    (``checkpoints.jsonl``) names a newer checkpoint than any found here is not
+    resumed from an older one (nor from nothing, which would drop the whole record):
+    RunDirError says which checkpoint is missing, and nothing is changed."""
+    found = latest_checkpoint(run_dir)
+    recorded = recorded_checkpoints(run_dir)
+    if not recorded:
+        return found
+    newest = max(recorded, key=lambda e: e["iteration"])
+    if found is not None and iteration_of(found) >= newest["iteration"]:
+        return found
+    here = ", ".join(p.name for p in list_checkpoints(run_dir)) or "none"
+    raise RunDirError(
+        f"{run_dir}: the run recorded a checkpoint at iteration {newest['iteration']} "
+        f"({newest['path']}), but it is not there (complete checkpoints found: {here}); "
+        "not resumed, and metrics.jsonl and evals/ are left as they are. Were the "
+        "checkpoints written on another filesystem than the one this driver sees "
+        "(run.output_dir must be shared by the driver and every node)? Restore the "
+        f"checkpoint, or remove the lines after iteration {iteration_of(found) if found else -1} "
+        f"from {CHECKPOINT_INDEX} to resume from what is here"
+    )
+
+
 def remove_checkpoint(path: Path) -> None:
     if path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
@@ -140,6 +181,12 @@ def export_final(learner, run_dir: Path) -> None:
     final, partial, old = (run_dir / n for n in ("final", "final.partial", "final.old"))
     shutil.rmtree(partial, ignore_errors=True)
     learner.export(str(partial))
+    if not partial.is_dir():  # written by learner rank 0, on its node
+        raise RunDirError(
+            f"run.output_dir: learner rank 0 exported the final weights to {partial}, but the "
+            "driver does not see them there: the run directory must be one filesystem for "
+            "the driver and every node"
+        )
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
@@ -147,16 +194,26 @@ def export_final(learner, run_dir: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def grid_samples(num_samples: int, per_prompt: int) -> list[int]:
+    """Which evaluation samples a sample grid shows: up to 8 prompts spread over the
+    list × their first 4 samples (an evaluator sends back only these images)."""
+    from .grids import spread_rows
+
+    rows = spread_rows(num_samples // per_prompt, 8)
+    k = min(per_prompt, 4)
+    return [r * per_prompt + j for r in rows for j in range(k)]
+
+
 def write_sample_grid(
-    path: Path, images: np.ndarray, prompts: list[str], per_prompt: int, title: str
+    path: Path, shown: np.ndarray, prompts: list[str], per_prompt: int, title: str
 ) -> None:
-    """Eval samples as a labelled grid: up to 8 prompts × their first 4 samples."""
+    """Eval samples as a labelled grid; ``shown``: the images of ``grid_samples``, in
+    its order (``prompts``: every sample's prompt)."""
     from .grids import labelled_grid, spread_rows
 
     distinct = prompts[::per_prompt]
     rows = spread_rows(len(distinct), 8)
-    k = min(per_prompt, 4)
-    tiles = np.stack([images[r * per_prompt : r * per_prompt + k] for r in rows])
+    tiles = shown.reshape(len(rows), -1, *shown.shape[1:])
     labelled_grid(
         path, [distinct[r] for r in rows], [("samples (fixed noise)", tiles)], title=title
     )

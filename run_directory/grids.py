@@ -24,11 +24,14 @@ def labelled_grid(
     labels: Sequence[str],
     groups: Sequence[tuple[str, np.ndarray]],
     *,
-    scale: int = 3,
+    scale: float = 3,
+    max_tile: int = 256,
     title: str = "",
 ) -> Path:
     """``groups``: (title, uint8 images [len(labels), k, H, W, 3]) per column group.
-    Writes the grid to ``path`` and returns it."""
+    Tiles are drawn ``scale`` times their size, but never over ``max_tile`` pixels (a
+    grid of 720² samples at 3× would be 17,000 pixels wide). Writes the grid to
+    ``path`` and returns it."""
     from PIL import Image, ImageDraw
 
     if not groups:
@@ -38,7 +41,10 @@ def labelled_grid(
         if imgs.ndim != 5 or imgs.shape[0] != rows:
             raise ValueError(f"group {name!r}: images {imgs.shape} do not match {rows} rows")
     h, w = groups[0][1].shape[2:4]
-    cell_w, cell_h, gap = w * scale + 2, h * scale + 2, 10
+    scale = min(scale, max_tile / max(h, w))
+    tile_w, tile_h = max(1, round(w * scale)), max(1, round(h * scale))
+    resample = Image.NEAREST if scale >= 1 else Image.BILINEAR  # crisp up, smooth down
+    cell_w, cell_h, gap = tile_w + 2, tile_h + 2, 10
     widths = [g[1].shape[1] * cell_w for g in groups]
     top = HEADER * (2 if title else 1)
     canvas = Image.new(
@@ -52,7 +58,7 @@ def labelled_grid(
         draw.text((x0, top - HEADER + 3), _plain(name), fill="black")
         for r in range(rows):
             for c in range(imgs.shape[1]):
-                tile = Image.fromarray(imgs[r, c]).resize((w * scale, h * scale), Image.NEAREST)
+                tile = Image.fromarray(imgs[r, c]).resize((tile_w, tile_h), resample)
                 canvas.paste(tile, (x0 + c * cell_w, top + r * cell_h))
         x0 += width + gap
     for r, label in enumerate(labels):

@@ -32,7 +32,7 @@ def test_the_k8s_config_map_loads():
     path = Path(__file__).parents[1] / "deploy" / "k8s" / "base" / "train-config.yaml"
     text = yaml.safe_load(path.read_text())["data"]["train.yaml"]
     cfg = config_from_dict(yaml.safe_load(text))
-    assert cfg.train.workers.resources == {"sampler": 1} and cfg.train.metrics.port == 9400
+    assert cfg.run.output_dir == "/runs" and cfg.train.metrics.port == 9400
 
 
 def test_overrides_parse_yaml_values(tmp_path):
@@ -123,16 +123,21 @@ def test_precision_settings_that_cannot_work_are_refused(overrides, needle):
     assert load_config(None, []).model.rollout_weights_torch_dtype() == torch.float32
 
 
-def test_learner_ranks_sharing_a_gpu_are_refused_on_cuda():
+def test_fractional_gpus_are_refused_only_where_two_ranks_of_a_group_could_share_one():
     gpus = ["model.device=cuda", "train.workers.num_gpus=1", "train.eval.num_gpus=1"]
-    shared = [*gpus, "train.learner.count=2", "train.learner.num_gpus=0.5"]
-    with pytest.raises(ConfigError, match=r"train.learner.num_gpus 0.5 .* NCCL refuses") as err:
-        load_config(None, shared)
-    assert "train.learner.count 2" in str(err.value)
-    # one rank on half a GPU (beside a reward replica), or a CPU group, is fine
-    one = load_config(None, [*gpus, "train.learner.num_gpus=0.5"])
-    assert one.train.learner.count == 1
-    cpu = load_config(None, ["train.learner.count=2", "train.learner.num_gpus=0"])
+    # learner ranks sit in bundles of whole GPUs: a group at 0.5 each is planned, and
+    # Ray reserves a GPU per rank
+    group = load_config(None, [*gpus, "train.learner.count=2", "train.learner.num_gpus=0.5"])
+    assert group.train.learner.reserved_gpus() == 1.0
+    one = load_config(None, [*gpus, "train.learner.num_gpus=0.5"])  # beside a reward replica
+    assert one.train.learner.reserved_gpus() == 0.5
+    # the weight broadcast's group has no bundles: a fraction there is refused
+    for kind in ("learner", "workers"):
+        over = [*gpus, "train.learner.num_gpus=1", "train.weights.transport=collective"]
+        over.append(f"train.{kind}.num_gpus=0.5")
+        with pytest.raises(ConfigError, match=rf"train.{kind}.num_gpus 0.5.*NCCL refuses"):
+            load_config(None, over)
+    cpu = load_config(None, ["train.learner.count=2", "train.weights.transport=collective"])
     assert cpu.train.learner.count == 2
 
 

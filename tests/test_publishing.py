@@ -11,8 +11,8 @@ import time
 import pytest
 import ray
 from g2rpo.common.config import load_config
-from g2rpo.learner.group import LearnerGroup
-from g2rpo.orchestration.cluster import RunActors
+from g2rpo.orchestration.cluster import RunActors, new_learner_group
+from g2rpo.orchestration.placement import learner_placement_group
 from g2rpo.orchestration.publishing import CollectivePublisher
 from small_run import SMALL_RUN
 
@@ -52,14 +52,19 @@ def test_a_failed_broadcast_falls_back_and_the_group_is_formed_again(ray_local, 
     cfg_dict = cfg.model_dump(mode="json")
     t = cfg.train
     warm.start_run()
-    ranks = warm.learner_ranks(cfg_dict, t.learner.count, t.learner.ray_options())
-    actors = RunActors(learner=LearnerGroup(cfg, t.learner.ray_options(), ranks))
-    actors.workers = warm.rollout_workers(cfg_dict, [0, 1], t.workers.ray_options())
+    options = t.ray_options(t.learner)
+    kept = warm.learner_group(cfg, options)
+    if kept is None:
+        pg = learner_placement_group(cfg)
+        ray.get(pg.ready(), timeout=60)
+        kept = new_learner_group(cfg, options, pg), pg
+    actors = RunActors(learner=kept[0], learner_pg=kept[1])
+    actors.workers = warm.rollout_workers(cfg_dict, [0, 1], t.ray_options(t.workers))
     passed = False
     try:
         actors.learner.form()
         ray.get(actors.learner.ready_refs() + [w.ready.remote() for w in actors.workers])
-        publisher = DeathBeforeBroadcast(actors, timeout=120)
+        publisher = DeathBeforeBroadcast(actors, timeout=120, restart_s=300)
 
         first = publisher.publish()
         assert first.via == "object_store"  # the broadcast failed: the fallback took it

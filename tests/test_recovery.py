@@ -175,6 +175,47 @@ def test_learner_rank_death_stops_the_run_then_is_recovered_on_resume(
     assert (run_dir / "finished.json").is_file()
 
 
+# ------------------------------------------------------ a stop during the update
+
+
+def test_a_stop_during_the_update_finishes_it_and_resumes_to_the_uninterrupted_run(
+    calm_group, warm, world, scorer_url, tmp_path, monkeypatch, capfd
+):
+    """Ctrl-C (or `ray job stop`'s SIGTERM) lands while iteration 1's update runs on the
+    learner group: the ranks apply it whatever the driver does, so the driver finishes
+    the iteration (its row, its evaluation) and checkpoints it as it_00002 — not as
+    it_00001, which would hold iteration 2's weights and make the resumed run skip an
+    iteration. Resumed, the run equals the uninterrupted one, row for row, and its final
+    weights too."""
+    from g2rpo.orchestration.driver import TrainingLoop, train
+    from small_run import small_train
+
+    calm, calm_digest, _ = calm_group
+    real, stopped = TrainingLoop.learned, []
+
+    def stop_during_update(self, step):
+        if step.iteration == 1 and not stopped:  # the signal arrives inside the wait
+            stopped.append(step.update)
+            raise KeyboardInterrupt
+        return real(self, step)
+
+    monkeypatch.setattr(TrainingLoop, "learned", stop_during_update)
+    two = ["train.learner.count=2"]
+    with pytest.raises(KeyboardInterrupt):
+        small_train(world, tmp_path, "stopped", 3, two, reward_url=scorer_url, warm=warm)
+    monkeypatch.undo()
+    run_dir = tmp_path / "stopped"
+    err = capfd.readouterr().err
+    assert "finishing iteration 1" in err and "interrupted after iteration 2" in err, err
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [0, 1]
+    assert (run_dir / "checkpoints" / "it_00002.dcp" / "g2rpo.json").is_file()
+    train(None, [], resume=run_dir, progress=False, warm=warm)
+    rows = read_metrics(run_dir)
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    assert _strip(rows) == _strip(calm)
+    assert _final_digest(run_dir) == calm_digest
+
+
 # ------------------------------------------------------ Redis stopped mid-run
 # (last: a 1-learner run after the 2-learner ones above, as the files after this one train;
 # the warm pool keeps a group of each size while there is room for the run beside it)

@@ -141,3 +141,37 @@ def test_the_progress_bar_counts_what_stops_the_run(capsys):
     loop = _counting(["run.nfe_budget=null", "run.iterations=3"])
     assert loop.run(0, 3, progress=True) == 3
     assert "3/3" in capsys.readouterr().err.split("\r")[-1]
+
+
+def test_a_resume_missing_its_recorded_checkpoint_changes_nothing_and_says_why(tmp_path):
+    """The record says iteration 4's checkpoint was written (checkpoints.jsonl); the
+    directory holds only iteration 2's (the newer one was written on a node the driver
+    does not see, or deleted). A resume must not start from it_00002 and drop rows 2
+    and 3, nor from 0 and drop everything: it stops before any actor starts, with
+    metrics.jsonl and evals/ as they were."""
+    import pytest
+    from g2rpo.common.config import dump_config
+    from g2rpo.common.errors import RunDirError
+    from g2rpo.orchestration.driver import train
+    from g2rpo.run_directory.files import checkpoint_to_resume, record_checkpoint
+
+    run = tmp_path / "run"
+    _touch(run, 2)
+    (run / "config.yaml").write_text(dump_config(load_config(None, ["run.iterations=6"])))
+    for i in range(4):
+        append_metrics(run, {"iteration": i, "nfe_train_total": 10 * (i + 1), "nfe_train": 10})
+        save_evaluation(run, i, {"iteration": i, "nfe_train_total": 10 * (i + 1)})
+    record_checkpoint(run, run / "checkpoints" / "it_00002.pt")
+    record_checkpoint(run, run / "checkpoints" / "it_00004.pt")  # not there
+    before = {p.name: p.read_bytes() for p in [run / "metrics.jsonl", *run.glob("evals/*")]}
+    with pytest.raises(RunDirError, match=r"iteration 4 \(checkpoints/it_00004.pt\).*not there"):
+        train(None, [], resume=run, progress=False)
+    after = {p.name: p.read_bytes() for p in [run / "metrics.jsonl", *run.glob("evals/*")]}
+    assert after == before
+    # once it is back (or a newer one), that is what a resume loads
+    _touch(run, 4)
+    assert checkpoint_to_resume(run).name == "it_00004.pt"
+    # a run without a record (written before it existed) resumes from what it finds
+    (run / "checkpoints.jsonl").unlink()
+    (run / "checkpoints" / "it_00004.pt").unlink()
+    assert checkpoint_to_resume(run).name == "it_00002.pt"

@@ -24,8 +24,24 @@ def _cfg(world, name: str, *extra: str) -> dict:
 class _Ended:
     """What ``keep`` reads of a run that ended (no reward replicas, no evaluator)."""
 
-    def __init__(self, workers=(), learner=None):
+    def __init__(self, workers=(), learner=None, learner_pg=None):
         self.workers, self.evaluator, self.rewards, self.learner = workers, None, None, learner
+        self.learner_pg = learner_pg
+
+
+def _group(cfg, options):
+    """A learner group in a placement group of its own, as a run starts one."""
+    from g2rpo.orchestration.cluster import new_learner_group
+    from g2rpo.orchestration.placement import learner_placement_group
+
+    pg = learner_placement_group(cfg)
+    ray.get(pg.ready(), timeout=60)
+    group = new_learner_group(cfg, options, pg)
+    return group, _Ended(learner=group, learner_pg=pg)
+
+
+def _load(world, name, *extra):
+    return load_config(None, [*SMALL_RUN, f"model.pretrained={world / 'pipeline'}", *extra])
 
 
 def test_a_kept_worker_restarted_by_ray_serves_the_run_that_took_it(ray_local, world):
@@ -58,20 +74,18 @@ def test_a_kept_worker_restarted_by_ray_serves_the_run_that_took_it(ray_local, w
 
 
 def test_kept_learner_ranks_go_to_a_group_of_their_size_only(ray_local, world):
-    from g2rpo.learner.group import LearnerGroup
-
     warm = WarmActors()
     options = {"num_cpus": 1}
     try:
         warm.start_run()
-        one = load_config(None, [*SMALL_RUN, f"model.pretrained={world / 'pipeline'}"])
-        assert warm.learner_ranks(one.model_dump(mode="json"), 1, options) is None  # none kept
-        group = LearnerGroup(one, options)
+        one = _load(world, "one")
+        assert warm.learner_group(one, options) is None  # none kept
+        group, ended = _group(one, options)
         gone = ray.get(group.ranks[0].placement.remote())
-        warm.keep(_Ended(learner=group))
+        warm.keep(ended)
 
         warm.start_run()  # a group of two takes none of them; the kept rank is stopped
-        assert warm.learner_ranks(_cfg(world, "two", "train.learner.count=2"), 2, options) is None
+        assert warm.learner_group(_load(world, "two", "train.learner.count=2"), options) is None
         warm.release_unused()
         deadline = (
             time.monotonic() + 60
@@ -82,13 +96,16 @@ def test_kept_learner_ranks_go_to_a_group_of_their_size_only(ray_local, world):
                 time.sleep(0.2)
 
         warm.start_run()  # kept again by a run of one: the same process, reconfigured
-        group = LearnerGroup(one, options)
+        group, ended = _group(one, options)
         first = ray.get(group.ranks[0].placement.remote())
-        warm.keep(_Ended(learner=group))
+        warm.keep(ended)
         warm.start_run()
-        (rank,) = warm.learner_ranks(_cfg(world, "again"), 1, options)
+        again, pg = warm.learner_group(_load(world, "again"), options)
+        assert pg is ended.learner_pg  # its placement group with it
+        (rank,) = again.ranks
         assert ray.get(rank.placement.remote())["pid"] == first["pid"]
         assert gone["pid"] != first["pid"]
+        warm.keep(_Ended(learner=again, learner_pg=pg))
     finally:
         warm.close()
 
@@ -97,7 +114,6 @@ def test_a_kept_group_another_run_did_not_take_stays_while_there_is_room(ray_loc
     """A group of one kept while a run of two goes by (the cluster has room for the
     two beside it) is taken by the next run of one: the same process. Asked for more
     than the cluster has free, the pool stops it."""
-    from g2rpo.learner.group import LearnerGroup
     from g2rpo.orchestration.placement import ray_resources
 
     warm = WarmActors()
@@ -108,20 +124,21 @@ def test_a_kept_group_another_run_did_not_take_stays_while_there_is_room(ray_loc
     }
     try:
         warm.start_run()
-        one = load_config(None, [*SMALL_RUN, f"model.pretrained={world / 'pipeline'}"])
-        group = LearnerGroup(one, options)
+        one = _load(world, "one")
+        group, ended = _group(one, options)
         first = ray.get(group.ranks[0].placement.remote())
-        warm.keep(_Ended(learner=group))
+        warm.keep(ended)
 
         warm.start_run()  # a run of two: its ranks are new, and there is room beside
-        assert warm.learner_ranks(_cfg(world, "two", "train.learner.count=2"), 2, options) is None
+        assert warm.learner_group(_load(world, "two", "train.learner.count=2"), options) is None
         warm.release_unused(needed=ray_resources([options, options]))
         assert warm.holds_unused()
 
         warm.start_run()
-        (rank,) = warm.learner_ranks(_cfg(world, "one-again"), 1, options)
+        again, pg = warm.learner_group(_load(world, "one-again"), options)
+        (rank,) = again.ranks
         assert ray.get(rank.placement.remote())["pid"] == first["pid"]  # kept all along
-        warm.keep(_Ended(learner=LearnerGroup(one, options, [rank])))
+        warm.keep(_Ended(learner=again, learner_pg=pg))
 
         warm.start_run()  # more than the whole cluster has free: stopped
         warm.release_unused(needed={"CPU": ray.cluster_resources()["CPU"] + 1})
