@@ -1,9 +1,22 @@
 """deploy/k8s offline: every core manifest (and every pod template inside KubeRay and
 Deployment objects) validates strictly against the Kubernetes 1.37 schemas; RayCluster
-and RayJob carry KubeRay's required fields; the overlays' patches apply to the base;
-the generated PrometheusRule is what its generator writes; docker-compose's services
-point at files that exist."""
+and RayJob carry KubeRay's required fields; the overlays' patches and components apply to
+the base; the generated PrometheusRule is what its generator writes; docker-compose's
+services point at files that exist.
 
+And the KubeRay manifests, as each overlay renders them, can run the config their job
+names: the ConfigMap is a shipped recipe plus the stated deploy overrides and `g2rpo plan`
+passes it; the worker pods hold the recipe's `# hardware:` GPUs with one pod holding the
+whole learner group (its STRICT_PACK placement group); every Ray pod mounts the run
+directory (one ReadWriteMany claim at run.output_dir); /dev/shm holds the object store;
+the pods carry the labels the NetworkPolicies admit (kustomize's `labels` never reach
+into KubeRay's pod templates, so the manifests must say them)."""
+
+import functools
+import json
+import math
+import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -12,18 +25,56 @@ import kubernetes_validate
 import pytest
 import yaml
 
-DEPLOY = Path(__file__).parents[1] / "deploy"
+REPO = Path(__file__).parents[1]
+DEPLOY = REPO / "deploy"
 K8S_VERSION = "1.37.0"
 CORE = {"v1", "apps/v1", "autoscaling/v2", "networking.k8s.io/v1"}
+HARDWARE = re.compile(r"^# hardware: (\d+) x (\d+(?:\.\d+)?)GiB GPUs$", re.M)
+RECIPE = re.compile(r"^# recipe: (\S+)$", re.M)
+GPU = "nvidia.com/gpu"
+# What the ConfigMap may change in the recipe it holds, and nothing else (`# deploy:` there)
+DEPLOY_OVERRIDES = {
+    "run.output_dir": "/runs",  # the g2rpo-runs claim, mounted on every Ray pod
+    "train.metrics.port": 9400,  # the driver's exporter, PodMonitor g2rpo-train
+    "train.metrics.host": "0.0.0.0",
+    "train.env_vars": {"NCCL_DEBUG": "WARN"},  # every actor's environment
+    "train.reward.resources": {"reward": 1},  # the job's reward replicas: the gpu2 pod
+    "train.reward.token_env": "G2RPO_REWARD_TOKEN",  # the reward-token Secret
+}
+RENDERS = ["base", "cpu", "gpu"]
+
+
+def _render(folder: Path) -> dict[str, dict]:
+    """What a kustomization (or component) yields: its resources (a directory is a
+    kustomization rendered first), its components', then its JSON patches applied."""
+    kust = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    docs: dict[str, dict] = {}
+    for name in kust.get("resources", []):
+        path = folder / name
+        if path.is_dir():
+            docs.update(_render(path))
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            docs[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    for component in kust.get("components", []):
+        docs.update(_render(folder / component))
+    for patch in kust.get("patches", []):
+        target = patch["target"]
+        key = f"{target['kind']}/{target['name']}"
+        docs[key] = jsonpatch.apply_patch(docs[key], yaml.safe_load(patch["patch"]))
+    return docs
 
 
 def _base() -> dict[str, dict]:
-    kust = yaml.safe_load((DEPLOY / "k8s/base/kustomization.yaml").read_text())
-    docs = {}
-    for name in kust["resources"]:
-        for doc in yaml.safe_load_all((DEPLOY / "k8s/base" / name).read_text()):
-            docs[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
-    return docs
+    return _render(DEPLOY / "k8s/base")
+
+
+def _rendered(name: str) -> dict[str, dict]:
+    return _base() if name == "base" else _render(DEPLOY / f"k8s/overlays/{name}")
+
+
+def _with_reward_service() -> dict[str, dict]:
+    return {**_base(), **_render(DEPLOY / "k8s/components/reward-service")}
 
 
 def _pod(template: dict, name: str) -> dict:
@@ -73,12 +124,19 @@ def _validate(docs: dict[str, dict]) -> None:
 def test_base_manifests_validate():
     docs = _base()
     assert {
-        "Deployment/reward-server",
-        "HorizontalPodAutoscaler/reward-server",
         "RayCluster/g2rpo",
         "RayJob/g2rpo-train",
+        "ConfigMap/train-config",
+        "PersistentVolumeClaim/g2rpo-runs",
+        "Secret/reward-token",
         "PrometheusRule/g2rpo",
     } <= set(docs)
+    _validate(docs)
+
+
+def test_the_reward_service_component_validates():
+    docs = _with_reward_service()
+    assert {"Deployment/reward-server", "HorizontalPodAutoscaler/reward-server"} <= set(docs)
     _validate(docs)
     # the HPA scales the Deployment the Service fronts, on the adapter's metric
     hpa = docs["HorizontalPodAutoscaler/reward-server"]["spec"]
@@ -88,10 +146,12 @@ def test_base_manifests_validate():
     probe = docs["Deployment/reward-server"]["spec"]["template"]["spec"]["containers"][0]
     assert probe["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert probe["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # --device=cuda: the replica holds a GPU
+    assert "--device=cuda" in probe["args"] and probe["resources"]["limits"][GPU] == "1"
 
 
 def test_a_broken_manifest_is_caught():
-    docs = _base()
+    docs = _with_reward_service()
     broken = yaml.safe_load(yaml.safe_dump(docs["Deployment/reward-server"]))
     broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -102,11 +162,7 @@ def test_a_broken_manifest_is_caught():
 def test_overlay_patches_apply_and_validate(overlay):
     kust = yaml.safe_load((DEPLOY / f"k8s/overlays/{overlay}/kustomization.yaml").read_text())
     assert kust["resources"] == ["../../base"]
-    docs = _base()
-    for patch in kust["patches"]:
-        target = patch["target"]
-        key = f"{target['kind']}/{target['name']}"
-        docs[key] = jsonpatch.apply_patch(docs[key], yaml.safe_load(patch["patch"]))
+    docs = _rendered(overlay)
     _validate(docs)
     images = {i["name"] for i in kust["images"]}
     used = {
@@ -115,10 +171,21 @@ def test_overlay_patches_apply_and_validate(overlay):
         for c in _containers(d)
         if c["image"].startswith("ghcr.io/g2rpo/")
     }
-    assert used == images
+    # every image the overlay runs is pinned by it; the others it pins are the
+    # reward-service component's, which the overlay's comment says how to add
+    offered = used | {
+        c["image"].split(":")[0]
+        for d in _render(DEPLOY / "k8s/components/reward-service").values()
+        for c in _containers(d)
+    }
+    assert "ghcr.io/g2rpo/g2rpo" in used and used <= images <= offered
 
 
 def _containers(doc):
+    return [c for t in _pod_templates(doc) for c in t["spec"]["containers"]]
+
+
+def _pod_templates(doc) -> list[dict]:
     spec = doc.get("spec", {})
     templates = [spec.get("template")]
     for cluster in (spec, spec.get("rayClusterSpec") or {}):
@@ -126,7 +193,331 @@ def _containers(doc):
             templates.append(cluster["headGroupSpec"]["template"])
             templates += [g["template"] for g in cluster["workerGroupSpecs"]]
     templates.append(spec.get("submitterPodTemplate"))
-    return [c for t in templates if t for c in t["spec"]["containers"]]
+    return [t for t in templates if t]
+
+
+# --------------------------------------------------------------------- the Ray pods
+
+
+def _clusters(docs) -> list[tuple[str, dict]]:
+    """(name, RayClusterSpec) of the RayJob and of the standing RayCluster."""
+    out = []
+    for key, doc in docs.items():
+        if doc["kind"] == "RayJob":
+            out.append((key, doc["spec"]["rayClusterSpec"]))
+        elif doc["kind"] == "RayCluster":
+            out.append((key, doc["spec"]))
+    assert {k.split("/")[0] for k, _ in out} == {"RayJob", "RayCluster"}, out
+    return out
+
+
+def _ray_pods(spec: dict) -> list[tuple[str, dict, dict, int]]:
+    """(where, template, rayStartParams, replicas) of the head and each worker group."""
+    head = spec["headGroupSpec"]
+    pods = [("head", head["template"], head["rayStartParams"], 1)]
+    for g in spec["workerGroupSpecs"]:
+        pods.append((g["groupName"], g["template"], g["rayStartParams"], g["replicas"]))
+    return pods
+
+
+def _job(docs) -> dict:
+    (job,) = [d for d in docs.values() if d["kind"] == "RayJob"]
+    return job
+
+
+@functools.cache
+def _config_of(text: str, sets: tuple[str, ...]):
+    from g2rpo.common.config import config_from_dict
+
+    return config_from_dict(yaml.safe_load(text), list(sets))
+
+
+def _job_config(docs) -> tuple:
+    """What the RayJob's entrypoint runs: the config (the ConfigMap mounted on the head,
+    or a path the image ships) with its --set overrides applied, that config's YAML text,
+    the overrides, and its --redis-url."""
+    job = _job(docs)
+    args = shlex.split(job["spec"]["entrypoint"])
+    assert args[:2] == ["g2rpo", "train"], args
+    config = args[args.index("--config") + 1]
+    sets = tuple(args[i + 1] for i, a in enumerate(args) if a == "--set")
+    redis = args[args.index("--redis-url") + 1] if "--redis-url" in args else None
+    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in head["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in head["volumes"]}
+    if config.startswith("/"):
+        folder, name = config.rsplit("/", 1)
+        source = volumes[mounts[folder]]["configMap"]["name"]
+        text = docs[f"ConfigMap/{source}"]["data"][name]
+    else:
+        text = (REPO / config).read_text()
+    return _config_of(text, sets), text, sets, redis
+
+
+@functools.cache
+def _plan(text: str, sets: tuple[str, ...]) -> dict:
+    from g2rpo.planning.check import report
+
+    return report(_config_of(text, sets))
+
+
+def _quantity(q) -> float:
+    """A Kubernetes quantity (64Gi, 500m, 8) as a number (bytes, cores)."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9}
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(m|Ki|Mi|Gi|Ti|k|M|G)?", str(q))
+    assert m, q
+    return float(m.group(1)) * (1e-3 if m.group(2) == "m" else units.get(m.group(2), 1))
+
+
+def _gpus(template: dict) -> int:
+    res = template["spec"]["containers"][0]["resources"]
+    asked = {int(res.get(k, {}).get(GPU, 0)) for k in ("requests", "limits")}
+    assert len(asked) == 1, f"{GPU} requests and limits differ: {res}"
+    return asked.pop()
+
+
+@pytest.mark.parametrize("render", RENDERS)
+def test_ray_pods_carry_the_labels_the_network_policies_admit(render):
+    """Every pod template in the RayJob (head, workers, submitter) and the RayCluster
+    matches, for each NetworkPolicy rule, one of the rule's pod selectors: else an
+    enforcing CNI keeps the rollout workers from Redis and the reward servers."""
+    docs = _rendered(render)
+    rules = [
+        (key, [p["podSelector"] for p in rule["from"] if set(p) == {"podSelector"}])
+        for key, doc in docs.items()
+        if doc["kind"] == "NetworkPolicy"
+        for rule in doc["spec"]["ingress"]
+    ]
+    assert rules and all(selectors for _, selectors in rules), rules
+    templates = []
+    for key, doc in docs.items():
+        if doc["kind"] == "RayJob":
+            templates += [(key, w, t) for w, t, _, _ in _ray_pods(doc["spec"]["rayClusterSpec"])]
+            templates.append((key, "submitter", doc["spec"]["submitterPodTemplate"]))
+        elif doc["kind"] == "RayCluster":
+            templates += [(key, w, t) for w, t, _, _ in _ray_pods(doc["spec"])]
+    assert len(templates) >= 5
+    problems = []
+    for key, where, template in templates:
+        labels = template.get("metadata", {}).get("labels", {})
+        for policy, selectors in rules:
+            for s in selectors:
+                assert set(s) <= {"matchLabels"}, f"{policy}: check {s} by hand"
+            if not any(s["matchLabels"].items() <= labels.items() for s in selectors):
+                problems.append(f"{key} {where}: labels {labels} match no pod of {policy}")
+        if not labels.get("app.kubernetes.io/name"):
+            problems.append(f"{key} {where}: no app.kubernetes.io/name label")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("render", RENDERS)
+def test_every_ray_pod_mounts_the_run_directory(render):
+    """run.output_dir is one filesystem at one absolute path for the driver (the head)
+    and every pod that can host a learner rank or rollout worker (every worker group):
+    the same ReadWriteMany claim, writable (fsGroup: the pods run as uid 1000), there."""
+    docs = _rendered(render)
+    cfg, *_ = _job_config(docs)
+    out = cfg.run.output_dir
+    assert out.startswith("/"), f"run.output_dir {out!r}: relative to each raylet's cwd"
+    claims, problems = set(), []
+    for key, spec in _clusters(docs):
+        for where, template, _, _ in _ray_pods(spec):
+            pod = template["spec"]
+            mounts = pod["containers"][0].get("volumeMounts", [])
+            mount = next((m for m in mounts if m["mountPath"] == out), None)
+            if mount is None:
+                problems.append(f"{key} {where}: nothing mounted at run.output_dir {out}")
+                continue
+            (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+            if mount.get("readOnly") or "persistentVolumeClaim" not in volume:
+                problems.append(f"{key} {where}: {out} is {volume}, read-only {mount}")
+                continue
+            claims.add(volume["persistentVolumeClaim"]["claimName"])
+            if not pod.get("securityContext", {}).get("fsGroup"):
+                problems.append(f"{key} {where}: no fsGroup, {out} may not be writable")
+    assert not problems, "\n".join(problems)
+    assert len(claims) == 1, f"{out} is several claims: {claims}"
+    claim = claims.pop()
+    assert f"PersistentVolumeClaim/{claim}" in docs, f"{claim}: no claim in the manifests"
+    pvc = docs[f"PersistentVolumeClaim/{claim}"]["spec"]
+    assert "ReadWriteMany" in pvc["accessModes"], pvc
+
+
+@pytest.mark.parametrize("render", RENDERS)
+def test_every_ray_pod_mounts_what_the_config_reads(render):
+    """The model, the prompt files and the job's reward scorers are absolute paths that
+    every Ray pod (any of them may host a worker, a learner rank, the evaluator or a
+    reward replica; the head's driver reads them too) mounts read-only."""
+    docs = _rendered(render)
+    cfg, *_ = _job_config(docs)
+    t = cfg.train
+    paths = [cfg.model.pretrained, t.prompts, t.eval.prompts]
+    paths += [s.split("=", 1)[1] for s in t.reward.scorers if "=" in s]
+    paths = [p for p in paths if p and p.startswith("/")]
+    problems = []
+    for key, spec in _clusters(docs):
+        for where, template, _, _ in _ray_pods(spec):
+            mounts = template["spec"]["containers"][0].get("volumeMounts", [])
+            for path in paths:
+                under = [m for m in mounts if path.startswith(m["mountPath"].rstrip("/") + "/")]
+                if not under or not all(m.get("readOnly") for m in under):
+                    problems.append(f"{key} {where}: {path} not mounted read-only")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("render", RENDERS)
+def test_the_pods_hold_what_the_job_asks_ray(render):
+    """GPU configs: the RayJob's worker pods (replicas x per pod) hold exactly the GPUs
+    of the recipe's `# hardware:` header, the head none, and one pod holds the whole
+    learner group (its STRICT_PACK placement group). CPU configs: no GPU asked anywhere.
+    Either way every custom resource the config's actors ask for is offered by the worker
+    groups, and `g2rpo plan` passes the config. The standing RayCluster likewise."""
+    docs = _rendered(render)
+    cfg, text, sets, redis = _job_config(docs)
+    t = cfg.train
+    problems = [] if _plan(text, sets)["fits"] else ["g2rpo plan: some actor does not fit"]
+    header = None
+    if cfg.model.device.startswith("cuda"):
+        recipes = RECIPE.findall(text)
+        if len(recipes) != 1:
+            problems.append("the config names no `# recipe:` whose `# hardware:` to hold")
+        else:
+            (header,) = HARDWARE.findall((REPO / recipes[0]).read_text())
+            if HARDWARE.findall(text) != [header]:
+                problems.append(f"the config's `# hardware:` line is not {recipes[0]}'s")
+    elif GPU in json.dumps(docs):
+        problems.append("a CPU config, and a GPU asked somewhere")
+    for key, spec in _clusters(docs):
+        pods = _ray_pods(spec)
+        if pods[0][2].get("num-gpus") != "0" or _gpus(pods[0][1]):
+            problems.append(f"{key}: the head (the driver) holds GPUs")
+        workers = pods[1:]
+        if cfg.model.device.startswith("cuda"):
+            total = sum(replicas * _gpus(tpl) for _, tpl, _, replicas in workers)
+            if header is not None and total != int(header[0]):
+                problems.append(f"{key}: worker pods hold {total} GPUs, the header {header[0]}")
+            per_rank = math.ceil(t.learner.num_gpus) if t.learner.count > 1 else 0
+            biggest = max(_gpus(tpl) for _, tpl, _, _ in workers)
+            if biggest < t.learner.count * per_rank:
+                problems.append(
+                    f"{key}: the biggest pod holds {biggest} GPUs, the {t.learner.count} "
+                    f"learner ranks need one node (train.learner.placement_strategy "
+                    f"{t.learner.placement_strategy})"
+                )
+        else:
+            cpus = max(
+                _quantity(tpl["spec"]["containers"][0]["resources"]["requests"]["cpu"])
+                for _, tpl, _, _ in pods
+            )
+            if cpus < t.learner.count * t.learner.num_cpus:
+                problems.append(f"{key}: no pod holds the learner group's CPUs")
+        offered: dict[str, float] = {}
+        for _, _, params, replicas in workers:
+            if "resources" in params:
+                for name, amount in json.loads(json.loads(params["resources"])).items():
+                    offered[name] = offered.get(name, 0) + amount * replicas
+        kinds = [(t.workers, t.workers.count), (t.learner, t.learner.count)]
+        kinds += [(t.reward, t.reward.job_replicas(redis)), (t.eval, int(t.eval.on_actor))]
+        for kind, count in kinds:
+            for name, amount in kind.resources.items():
+                offered[name] = offered.get(name, 0) - amount * count
+                if offered[name] < 0:
+                    problems.append(f"{key}: custom resource {name} short by {-offered[name]}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("render", RENDERS)
+def test_dev_shm_holds_the_object_store_and_memory_the_pipelines(render):
+    """Every Ray pod sets object-store-memory (a string, as all rayStartParams) and
+    mounts /dev/shm as a memory emptyDir at least that big (a pod's default is 64 MB, and
+    a full fine-tune puts a 23.8 GB weight version there every iteration). Its memory
+    limit holds that tmpfs (counted against the pod) plus, per GPU, a rollout worker's
+    weights passing through host memory as it loads them (the plan's weight parts)."""
+    docs = _rendered(render)
+    _, text, sets, _ = _job_config(docs)
+    plan = _plan(text, sets)
+    (worker,) = [a for a in plan["actors"] if a["actor"] == "rollout worker"]
+    weights = sum(v for k, v in worker["parts_gib"].items() if "weights" in k) * 2**30
+    problems = []
+    for key, spec in _clusters(docs):
+        for where, template, params, _ in _ray_pods(spec):
+            assert all(isinstance(v, str) for v in params.values()), f"{key} {where}"
+            pod = template["spec"]
+            container = pod["containers"][0]
+            mounts = container.get("volumeMounts", [])
+            mount = next((m for m in mounts if m["mountPath"] == "/dev/shm"), None)
+            (volume,) = [v for v in pod["volumes"] if mount and v["name"] == mount["name"]] or [{}]
+            shm = volume.get("emptyDir", {})
+            if "object-store-memory" not in params:
+                problems.append(f"{key} {where}: no object-store-memory")
+            if shm.get("medium") != "Memory" or "sizeLimit" not in shm:
+                problems.append(f"{key} {where}: /dev/shm is not a sized memory emptyDir")
+                continue
+            if _quantity(shm["sizeLimit"]) < int(params.get("object-store-memory", 0)):
+                problems.append(f"{key} {where}: /dev/shm smaller than the object store")
+            limit = _quantity(container["resources"]["limits"]["memory"])
+            need = _quantity(shm["sizeLimit"]) + _gpus(template) * weights
+            if limit < need:
+                problems.append(
+                    f"{key} {where}: memory limit {limit / 2**30:.0f} GiB under /dev/shm + "
+                    f"{_gpus(template)} x {weights / 2**30:.1f} GiB of pipeline = "
+                    f"{need / 2**30:.0f} GiB"
+                )
+    assert not problems, "\n".join(problems)
+
+
+def test_the_config_map_is_the_recipe_with_the_deploy_overrides():
+    """The ConfigMap's train.yaml is the recipe its `# recipe:` line names with exactly
+    DEPLOY_OVERRIDES applied: every other field equal (flux_hps, as shipped)."""
+    text = _base()["ConfigMap/train-config"]["data"]["train.yaml"]
+    recipes = RECIPE.findall(text)
+    assert len(recipes) == 1, "train.yaml names no `# recipe: configs/....yaml`"
+    recipe = recipes[0]
+    expected = yaml.safe_load((REPO / recipe).read_text())
+    for dotted, value in DEPLOY_OVERRIDES.items():
+        *parents, leaf = dotted.split(".")
+        node = expected
+        for part in parents:
+            node = node.setdefault(part, {})
+        assert node.get(leaf) != value, f"{dotted} is the recipe's already: not an override"
+        node[leaf] = value
+    found = yaml.safe_load(text)
+    assert found == expected, _differences(expected, found)
+    assert _plan(text, ())["fits"], "g2rpo plan refuses the ConfigMap's config"
+
+
+def _differences(want, got, path="") -> list[str]:
+    if isinstance(want, dict) and isinstance(got, dict):
+        out = []
+        for k in sorted(set(want) | set(got), key=str):
+            out += _differences(want.get(k), got.get(k), f"{path}.{k}" if path else str(k))
+        return out
+    return [] if want == got else [f"{path}: recipe + overrides {want!r}, ConfigMap {got!r}"]
+
+
+def test_the_cpu_overlay_is_small():
+    """The tiny world on a CPU try-out cluster: small pods, and no claim but the runs'."""
+    docs = _rendered("cpu")
+    cfg, _, _, redis = _job_config(docs)
+    assert cfg.model.device == "cpu" and cfg.train.reward.job_replicas(redis) == 0
+    for doc in docs.values():
+        for template in _pod_templates(doc):
+            for c in template["spec"]["containers"]:
+                memory = c["resources"].get("limits", {}).get("memory", "0")
+                assert _quantity(memory) <= 16 * 2**30, (doc["metadata"]["name"], memory)
+            claims = {
+                v["persistentVolumeClaim"]["claimName"]
+                for v in template["spec"].get("volumes", [])
+                if "persistentVolumeClaim" in v
+            }
+            assert claims <= {"g2rpo-runs"}, (doc["metadata"]["name"], claims)
+    # the job finds the reward-service replicas with their token, and they serve its rewards
+    args = " ".join(
+        docs["Deployment/reward-server"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert f"--token-env={cfg.train.reward.token_env}" in args
+    served = re.search(r"--scorers=(\S+)", args).group(1).split(",")
+    assert {r.name for r in cfg.rewards} <= set(served)
 
 
 def test_prometheus_rule_is_generated_from_the_rule_files():
@@ -160,6 +551,49 @@ def test_compose_and_dockerfiles_point_at_what_exists():
                 for src in line.split()[1:-1]:
                     assert (root / src).exists(), f"{dockerfile.name}: COPY {src}"
         assert "USER " in dockerfile.read_text()  # never root at run time
+
+
+def test_compose_documents_a_training_run_it_serves():
+    """The `g2rpo train` command docker-compose's header documents runs a config of the
+    repo that `g2rpo plan` passes on one host, against this compose file: its Redis port,
+    the replicas' token variable (exported in the same shell) and scorers, the metrics
+    port Prometheus scrapes; and the header says where its run directory lands."""
+    compose_dir = DEPLOY / "compose"
+    text = (compose_dir / "docker-compose.yaml").read_text()
+    header = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("#")]
+    start = next(i for i, ln in enumerate(header) if ln.startswith("g2rpo train "))
+    command = []
+    for line in header[start:]:
+        command.append(line.rstrip("\\").strip())
+        if not line.endswith("\\"):
+            break
+    args = shlex.split(" ".join(command), comments=True)
+    config = args[args.index("--config") + 1]
+    sets = tuple(args[i + 1] for i, a in enumerate(args) if a == "--set")
+    redis = args[args.index("--redis-url") + 1]
+    assert (REPO / config).is_file(), config
+    recipe = (REPO / config).read_text()
+    cfg = _config_of(recipe, sets)
+    plan = _plan(recipe, sets)
+    assert plan["fits"] and plan["gpus_asked"] <= 8, "not a one-host run g2rpo plan passes"
+
+    compose = yaml.safe_load(text)
+    services = compose["services"]
+    (published,) = services["redis"]["ports"]
+    assert redis.startswith(f"redis://{published.rsplit(':', 1)[0]}/"), (redis, published)
+    assert cfg.train.reward.job_replicas(redis) == 0  # the compose replicas, not its own
+    token = cfg.train.reward.token_env
+    assert f"export {token}=" in text, "the token must reach the training shell too"
+    for name in ("reward-1", "reward-2"):
+        command = services[name]["command"]
+        assert command[command.index("--token-env") + 1] == token
+        assert token in services[name]["environment"]
+        served = command[command.index("--scorers") + 1].split(",")
+        assert {r.name for r in cfg.rewards} <= set(served), (name, served)
+    targets = json.loads((compose_dir / "targets/train.json").read_text())
+    assert targets[0]["targets"][0].endswith(f":{cfg.train.metrics.port}"), targets
+    where = Path(cfg.run.output_dir) / cfg.run.name
+    assert f"./{where}" in text or str(where) in text, f"the header never says {where}"
 
 
 def _copied_into_src(dockerfile: Path) -> set[str]:
