@@ -284,6 +284,12 @@ class TrainConfig(Section):
         "with the transformer's size on disk (common/timeouts.py: 120 s for the tiny world, "
         "about 18 min for FLUX.1-dev, whose rank 0 reads 23.8 GB while the others wait)",
     )
+    actor_logs: bool = Field(
+        True,
+        description="on a cluster (RAY_ADDRESS), stream every actor's stdout and stderr to the "
+        "driver's, so `ray job logs` shows an NCCL error or a watchdog's abort; a local Ray "
+        "started by g2rpo train keeps them in its log files",
+    )
     env_vars: dict[str, str] = Field(
         default_factory=dict,
         description="environment variables of every actor the run starts (rollout workers, "

@@ -9,13 +9,15 @@ import os
 from .stopping import after_ray_init
 
 
-def init_ray(**local) -> None:
-    """``ray.init`` at RAY_ADDRESS (Ray's INFO lines are not the command's output), else
-    ``ray.init(**local)``; then SIGTERM is the command's again (common/stopping.py)."""
+def init_ray(actor_logs: bool = False, **local) -> None:
+    """``ray.init`` at RAY_ADDRESS (Ray's INFO lines are not the command's output; with
+    ``actor_logs`` the actors' output is, which on a cluster is the only way it reaches
+    ``ray job logs``), else ``ray.init(**local)``; then SIGTERM is the command's again
+    (common/stopping.py)."""
     import ray
 
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address="auto", log_to_driver=False, logging_level=logging.WARNING)
+        ray.init(address="auto", log_to_driver=actor_logs, logging_level=logging.WARNING)
     else:
         ray.init(**local)
     after_ray_init()

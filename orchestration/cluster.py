@@ -119,8 +119,9 @@ def start_ray(cfg: G2RPOConfig, redis_url: str | None) -> None:
         return
     # Ray's INFO lines (started, connecting, connected) are not the run's output; on a
     # local Ray the actors' output would interleave with the progress bar (a cluster's
-    # job shows it: common/ray_init.py)
+    # job shows it, train.actor_logs: common/ray_init.py)
     init_ray(
+        actor_logs=cfg.train.actor_logs,
         **local_cluster_resources(cfg, redis_url),
         include_dashboard=False,
         log_to_driver=False,

@@ -105,3 +105,60 @@ def byte_level_clip_tokenizer(context_length: int = 77):
     vocab.update({c + "</w>": len(chars) + i for i, c in enumerate(chars)})
     vocab["<|startoftext|>"], vocab["<|endoftext|>"] = len(vocab), len(vocab) + 1
     return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=context_length)
+
+
+def random_image_reward_dir(out: str | Path, seed: int = 0) -> Path:
+    """A random ImageReward at its input resolution (224²), a few channels wide, in the
+    layout `g2rpo convert-reward image_reward` writes (model, BERT tokenizer with BLIP's
+    [DEC]/[ENC], open_clip's eval image processor), for `g2rpo rehearse`."""
+    import tempfile
+
+    import torch
+    from transformers import BertTokenizer
+
+    from ..common.shapes import COLOURS, SHAPES
+    from .convert import openclip_image_processor
+    from .scorers.image_reward_model import ImageRewardConfig, ImageRewardModel
+
+    words = ["a", "an", "on", "background", *COLOURS, *SHAPES]
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *letters]
+    vocab += ["##" + c for c in letters]
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "vocab.txt").write_text("\n".join(vocab) + "\n")
+        tok = BertTokenizer(str(Path(tmp) / "vocab.txt"), do_lower_case=True)
+    tok.add_special_tokens({"bos_token": "[DEC]", "additional_special_tokens": ["[ENC]"]})
+    config = ImageRewardConfig(
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=224,
+            patch_size=32,
+            layer_norm_eps=1e-6,
+            hidden_act="gelu",
+        ),
+        text_config=dict(
+            vocab_size=len(tok),
+            hidden_size=32,
+            encoder_hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=40,
+            layer_norm_eps=1e-12,
+            hidden_act="gelu",
+            pad_token_id=tok.pad_token_id,
+            bos_token_id=tok.convert_tokens_to_ids("[DEC]"),
+            sep_token_id=tok.sep_token_id,
+        ),
+        embed_dim=16,
+    )
+    tok.model_max_length = config.prompt_tokens
+    torch.manual_seed(seed)
+    out = Path(out)
+    ImageRewardModel(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    openclip_image_processor(224, None, None).save_pretrained(out)
+    return out

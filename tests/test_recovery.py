@@ -124,7 +124,9 @@ def test_learner_rank_death_stops_the_run_then_is_recovered_on_resume(
     calm, calm_digest, calm_dir = calm_group
     run_dir = tmp_path / "stopped"
     cmd = [G2RPO, "train", "--no-progress", "--config", str(calm_dir / "config.yaml")]
-    for o in (f"run.output_dir={tmp_path}", "run.name=stopped", "run.max_failures=0"):
+    # the driver's own output (train.actor_logs would add the ranks' stderr to it)
+    over = ("run.output_dir", tmp_path), ("run.name", "stopped"), ("run.max_failures", 0)
+    for o in [*(f"{k}={v}" for k, v in over), "train.actor_logs=false"]:
         cmd += ["--set", o]
     env = session_ray_env()  # the run joins the tests' local Ray, as a job joins a cluster
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

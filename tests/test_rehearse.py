@@ -1,0 +1,115 @@
+"""`g2rpo rehearse` as a user runs it, and the multi-node cluster it runs on: worker nodes
+in mount namespaces of their own, whose run directory the driver does not see unless it
+is shared (orchestration/local_nodes.py, orchestration/shared_dir.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from servers import G2RPO
+
+# a Ray cluster: `pytest -m 'not slow'` leaves it out
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 2**20
+
+
+def test_a_node_that_does_not_share_the_run_directory_stops_the_run_before_any_model_loads(
+    tmp_path,
+):
+    """Two worker nodes on this machine, each in its own mount namespace: on one the run
+    directory is the shared one, on the other a directory of its own (what a cluster
+    without a shared filesystem is). Probes pinned to each node: the shared node's is
+    seen, the private one's is not, and the error names run.output_dir and the actors
+    of that node only."""
+    import ray
+    from g2rpo.common.errors import RunFailed
+    from g2rpo.orchestration.local_nodes import LocalCluster
+    from g2rpo.orchestration.shared_dir import probe_nodes
+
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    cluster = LocalCluster(tmp_path / "cluster")
+    try:
+        cluster.add_head(2**28)
+        for name, private in (("shares", []), ("alone", [tmp_path / "runs"])):
+            cluster.add_node(
+                name,
+                num_cpus=1,
+                num_gpus=0,
+                resources={name: 1},
+                object_store_bytes=2**28,
+                private=private,
+            )
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for(3)
+        node = {
+            name: n["NodeID"]
+            for n in ray.nodes()
+            for name in ("shares", "alone")
+            if name in n["Resources"]
+        }
+        by_node = {node["shares"]: ["learner rank 0"], node["alone"]: ["rollout worker 1"]}
+        with pytest.raises(RunFailed, match=r"^run\.output_dir: ") as err:
+            probe_nodes(run_dir, by_node, timeout_s=60)
+        assert "rollout worker 1" in str(err.value) and "learner rank 0" not in str(err.value)
+        # the private node's probe landed in its own directory, at the path the driver uses
+        (alone,) = [n for n in cluster.nodes if n.name == "alone"]
+        assert list((alone.private[str(tmp_path / "runs")] / "r" / ".probes").iterdir())
+        probe_nodes(run_dir, {node["shares"]: ["learner rank 0"]}, timeout_s=60)
+    finally:
+        ray.shutdown()
+        cluster.stop()
+
+
+def test_flux_hps_rehearses_on_two_nodes_at_its_true_sizes(tmp_path):
+    """The Done-when command: `g2rpo rehearse configs/flux_hps.yaml --nodes 2`, as a
+    process. It passes; its report holds the recipe's sizes (720² images sent in
+    requests of at most train.reward.request_mib, every leaf of every worker scored), the
+    faults it injected and survived, every file in the shared run directory and none in
+    the nodes' own, and the run finished: final/, its evaluation, both sessions' rows."""
+    out = tmp_path / "rehearsal"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [G2RPO, "rehearse", "configs/flux_hps.yaml", "--nodes", "2", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-6000:]
+    assert "PASSED" in res.stdout
+    report = json.loads((out / "rehearsal.json").read_text())
+    assert report["passed"] and len(report["nodes"]) == 2
+
+    leaves, side = 193, 720  # flux_hps: 1 prompt per worker, G=12, K=8, {1,2}; 720² images
+    sent = report["bytes"]
+    assert sent["reward_request_bytes"] <= 32 * MiB
+    per_worker = math.ceil(leaves * side * side * 3 / (32 * MiB))
+    assert sent["reward_requests_per_iteration"] >= 2 * per_worker  # 2 workers (the rule)
+    # 8 SDE steps x 12 branches of next-latents, 2025 tokens x 64 channels in float32
+    assert sent["trajectory_batch_bytes"] >= 8 * 12 * 2025 * 64 * 4
+
+    assert set(report["faults"]) == {"rollout worker 0", "learner rank 1"}
+    files = report["files"]
+    assert files["shared run directory"]["files"] > 0
+    assert all(files[n["name"]]["files"] == 0 for n in report["nodes"])
+
+    run = out / "runs" / "g2rpo-flux-hps"
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1]
+    assert all(r["time/reward_s"] > 0 for r in rows)
+    evals = sorted(p.name for p in (run / "evals").glob("it_*.json"))
+    assert evals == ["it_00000.json", "it_00001.json", "it_00002.json"]
+    scored = json.loads((run / "evals" / "it_00002.json").read_text())["scores"]
+    assert len(scored["hpsv2"]) == 400  # the recipe's held-out evaluation, every sample
+    assert (run / "final" / "transformer" / "config.json").is_file()
+    assert (run / "finished.json").is_file()
+    (failure,) = (run / "learner_failures.jsonl").read_text().splitlines()
+    assert json.loads(failure)["rank"] == 1
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "it_00001.dcp",
+        "it_00002.dcp",
+    ]
