@@ -137,8 +137,10 @@ class EvalConfig(ActorResources):
     )
     on_actor: bool = Field(
         True,
-        description="evaluate on an actor of its own, concurrently with the rollout "
-        "(off the critical path); false: on rollout worker 0 before the rollout",
+        description="evaluate on an actor of its own, concurrently with the rollout; false: "
+        "spread over the rollout workers before the rollout, each a slice (a FLUX evaluation "
+        "of 400 samples on 16 workers is 25 samples each, ~43 s, where one evaluator takes "
+        "~11 min and holds the driver at every evaluation)",
     )
     timeout_s: float | None = Field(
         None,

@@ -37,39 +37,21 @@ from ..run_directory.files import (
     read_metrics,
     record_checkpoint,
     replace_other_layout,
-    save_evaluation,
-    write_sample_grid,
 )
 from .budget import Budget
-from .cluster import RunActors, call_with_restart, get_or_redo, record_actors, start_actors
+from .cluster import RunActors, record_actors, start_actors
+from .evaluations import PendingEval, evaluate_part, gather, record_evaluation, start_parts
 from .lifecycle import attach_telemetry, finish, nothing_left, open_run, resume_point
 from .phase_clock import PhaseClock
-from .publishing import Published, check_loaded, publisher_for
-from .records import eval_row, progress_fields, summarise_batches
+from .publishing import Published, publisher_for
+from .records import iteration_row, progress_fields
 from .recovery import run_with_recovery
+from .rollouts import PendingRollout, collect_shares
 from .warm_actors import WarmActors
 
 __all__ = ["read_metrics", "train"]
 
 CURVES_EVERY_S = 60.0
-
-
-@dataclass
-class PendingEval:
-    iteration: int
-    actor: object
-    weights: Published
-    ref: object
-    nfe_train_total: int
-
-
-@dataclass
-class PendingRollout:
-    iteration: int
-    weights: Published
-    shares: list
-    summaries: list  # each worker's RolloutSummary ref
-    trajectories: list  # each worker's Trajectories ref (a redo replaces it)
 
 
 @dataclass
@@ -134,20 +116,19 @@ class TrainingLoop:
     def evaluate(self, it: int, weights: Published, last: bool) -> PendingEval | None:
         """Start the held-out evaluation of the published weights (every train.eval.every
         iterations and at the last one); it runs on the evaluator while the workers
-        roll out. Without an evaluator it runs on worker 0 before the rollout."""
+        roll out. Without an evaluator it is spread over the workers, each a slice,
+        before the rollout (evaluations.py)."""
         if not (self.eval_due(it) or last):
             return None
-        actor = self.actors.evaluator or self.actors.workers[0]
         if self.actors.evaluator is not None:
-            weights.load_on(actor)  # actor calls run in order: no wait needed
-        ref = self._evaluate_on(actor)
-        return PendingEval(it, actor, weights, ref, self.budget.total)
-
-    def _evaluate_on(self, actor):
-        """Every held-out sample scored; back come the scores and the grid's images."""
-        t, prompts = self.cfg.train, self.eval_prompts
-        keep = grid_samples(len(prompts), t.eval.per_prompt)
-        return actor.evaluate.remote(prompts, t.eval.seed, self.actors.rewards.endpoints(), keep)
+            weights.load_on(self.actors.evaluator)  # actor calls run in order: no wait
+            actors = [self.actors.evaluator]
+        else:
+            actors = list(self.actors.workers)
+        t = self.cfg.train
+        endpoints = self.actors.rewards.endpoints()
+        parts = start_parts(actors, self.eval_prompts, t.eval.seed, t.eval.per_prompt, endpoints)
+        return PendingEval(it, weights, parts, self.budget.total)
 
     def eval_due(self, it: int) -> bool:
         every = self.cfg.train.eval.every_nfe
@@ -160,53 +141,24 @@ class TrainingLoop:
         return its row entries (means, and the paired change since iteration 0)."""
         if pending is None:
             return {}
-        from ..evaluation.metrics import pass_from_scores
+        t = self.cfg.train
+        grid = grid_samples(len(self.eval_prompts), t.eval.per_prompt)
 
-        def redo(actor):
+        def redo(actor, part):
             ray.get(pending.weights.load_on(actor))
-            return self._evaluate_on(actor)
+            endpoints = self.actors.rewards.endpoints()
+            return evaluate_part(part, self.eval_prompts, t.eval.seed, grid, endpoints)
 
-        timeout = self.cfg.train.eval.timeout_s
-        try:
-            samples = ray.get(pending.ref, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            ray.kill(pending.actor, no_restart=False)  # stuck or slow: Ray restarts it
-            print(
-                f"the evaluation of iteration {pending.iteration} was not back within "
-                f"train.eval.timeout_s={timeout:g} s: abandoned (its actor is restarted)",
-                file=sys.stderr,
-            )
+        samples = gather(pending, redo, t.eval.timeout_s, self.restart_s)
+        if samples is None:
             return {"eval_timed_out": 1}
-        except ray.exceptions.RayActorError:  # restarted by Ray: load the weights, redo
-            samples = call_with_restart(redo, pending.actor, restart_s=self.restart_s)
-        if samples.version != pending.weights.version:
-            # restarted by Ray after the weights reached it and before the evaluation:
-            # the new actor sampled with the weights it starts with. Redo it.
-            samples = call_with_restart(redo, pending.actor, restart_s=self.restart_s)
-        per_prompt = self.cfg.train.eval.per_prompt
-        values = pass_from_scores(samples.scores)
-        record = {
-            "iteration": pending.iteration,
-            "version": pending.weights.version,
-            "nfe_train_total": pending.nfe_train_total,
-            "prompts": self.eval_prompts[::per_prompt],
-            "per_prompt": per_prompt,
-            "scores": {k: v.round(6).tolist() for k, v in values.items()},
-        }
-        save_evaluation(self.run_dir, pending.iteration, record)
+        record, row = record_evaluation(
+            self.run_dir, pending, samples, self.eval_prompts, t.eval.per_prompt, self.first_eval
+        )
         self.last_eval_nfe = pending.nfe_train_total
-        row = eval_row(values, self.first_eval, per_prompt)
         if self.first_eval is None:
             self.first_eval = record
-        write_sample_grid(
-            self.run_dir / "samples" / f"it_{pending.iteration:05d}.png",
-            samples.images,
-            self.eval_prompts,
-            per_prompt,
-            title=f"iteration {pending.iteration} (weights v{pending.weights.version}), "
-            "held-out prompts",
-        )
-        return {**row, "time/eval_work_s": samples.seconds}
+        return row
 
     def launch_rollout(self, it: int, weights: Published) -> PendingRollout:
         """Each worker starts rolling out its share of the iteration's prompts (and
@@ -220,50 +172,15 @@ class TrainingLoop:
         return PendingRollout(it, weights, shares, [c[0] for c in calls], [c[1] for c in calls])
 
     def collect_rollout(self, pending: PendingRollout) -> tuple[list, list]:
-        """The workers' rollout summaries, and refs to their trajectories (which go to
-        the learner ranks from the workers' nodes, never through the driver). A worker
-        that died, or whose share is not back within ``train.workers.rollout_timeout_s``
-        (then it is killed), is restarted by Ray, loads the weights the rollout was
-        started with and redoes its share once; the late result is never used, so no
-        trajectory is trained twice or lost. So does a worker that Ray restarted between
-        the publish and its share, whose share comes back sampled with other weights
-        than the ones published for it."""
-        timeout = self.cfg.train.workers.rollout_timeout_s
-        results = []
-        for i, ref in enumerate(pending.summaries):
-            worker, redone = self.actors.workers[i], []
-
-            def redo(actor, i=i, redone=redone):
-                redone.append(True)
-                ray.get(pending.weights.load_on(actor))
-                rewards = self.actors.rewards.endpoints()
-                summary, batch = actor.rollout.remote(pending.iteration, pending.shares[i], rewards)
-                pending.trajectories[i] = batch
-                return summary
-
-            try:
-                result = get_or_redo(ref, redo, worker, timeout, self.restart_s)
-                if result.version != pending.weights.version:
-                    # restarted by Ray after the weights reached it and before this share:
-                    # the new actor rolled out with the weights it starts with. Redo it.
-                    result = call_with_restart(
-                        redo, worker, timeout=timeout, restart_s=self.restart_s
-                    )
-                results.append(result)
-            except ray.exceptions.GetTimeoutError:
-                raise RunFailed(
-                    f"rollout worker {i} did not finish iteration {pending.iteration}'s share "
-                    f"within train.workers.rollout_timeout_s={timeout} s, twice"
-                ) from None
-            newest = self.published
-            if redone and newest is not None and newest.version != pending.weights.version:
-                # overlapped: the redo loaded the version it was sampled with; the
-                # next rollout needs the newest again
-                got = get_or_redo(
-                    newest.load_on(worker), newest.load_on, worker, timeout, self.restart_s
-                )
-                check_loaded(i, got, newest)
-        return results, list(pending.trajectories)
+        """The workers' rollout summaries, and refs to their trajectories (rollouts.py:
+        a dead or stuck worker is restarted and redoes its share once)."""
+        return collect_shares(
+            pending,
+            self.actors,
+            self.cfg.train.workers.rollout_timeout_s,
+            self.restart_s,
+            self.published,
+        )
 
     def roll_out(self, it: int, weights: Published) -> tuple[list, list]:
         return self.collect_rollout(self.launch_rollout(it, weights))
@@ -383,33 +300,10 @@ class TrainingLoop:
         return self.finish_step(step)
 
     def summary(self, step: Step) -> dict:
-        """The iteration's metrics row. ``time/<phase>_s`` is the driver's wall time
-        in each phase (``publish`` with overlapped iterations includes waiting for the
-        rollout in flight); ``time/weight_push_s`` is the push's own work in either
-        mode (rank 0 producing the version + the slowest worker loading it).
-        ``trajectory_bytes`` and ``reward_request_bytes`` are the largest a worker sent
-        (to the learner ranks, in one scoring request)."""
-        weights, summaries = step.weights, step.summaries
-        row = {"iteration": step.iteration, "version": weights.version}
-        row["weights_bytes"] = weights.nbytes
-        row["weights_via"] = weights.via
-        row.update(self.publisher.counters())
-        if self.learner_restarts:
-            row["learner_restarts"] = self.learner_restarts
-        row.update(summarise_batches(summaries, step.stats))
+        """The iteration's metrics row (records.iteration_row), its NFEs counted."""
+        row = iteration_row(step, self.publisher.counters(), self.learner_restarts)
         self.budget.add(row["nfe_train"])
         row["nfe_train_total"] = self.budget.total
-        row.update(step.evaluation)
-        row.update(step.clock.row())
-        row.setdefault("time/eval_s", 0.0)
-        row["time/weight_push_s"] = weights.push_s
-        row["time/rollout_s"] = max(b.timings["rollout_s"] for b in summaries)
-        row["time/reward_s"] = max(b.timings["reward_s"] for b in summaries)
-        row["trajectory_bytes"] = max(b.nbytes for b in summaries)
-        sent = [b.timings.get("reward_request_bytes") for b in summaries]
-        if all(n is not None for n in sent):
-            row["reward_request_bytes"] = max(sent)
-            row["reward_requests"] = sum(b.timings.get("reward_requests", 1) for b in summaries)
         return row
 
     def finish_interrupted(self, done: int) -> int:

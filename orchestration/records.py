@@ -69,3 +69,34 @@ def progress_fields(row: dict, cfg: G2RPOConfig) -> dict:
     if cfg.run.nfe_budget:  # the bar counts NFEs then (TrainingLoop.run): say the iteration
         fields["iteration"] = row["iteration"] + 1
     return fields
+
+
+def iteration_row(step, publisher_counters: dict, learner_restarts: int) -> dict:
+    """An iteration's metrics row, but for the NFE total the driver's budget adds.
+    ``time/<phase>_s`` is the driver's wall time in each phase (``publish`` with
+    overlapped iterations includes waiting for the rollout in flight);
+    ``time/weight_push_s`` is the push's own work in either mode (rank 0 producing the
+    version + the slowest worker loading it). ``trajectory_bytes`` and
+    ``reward_request_bytes`` are the largest a worker sent (to the learner ranks, in
+    one scoring request)."""
+    weights, summaries = step.weights, step.summaries
+    row = {"iteration": step.iteration, "version": weights.version}
+    row["weights_bytes"] = weights.nbytes
+    row["weights_via"] = weights.via
+    row.update(publisher_counters)
+    if learner_restarts:
+        row["learner_restarts"] = learner_restarts
+    row.update(summarise_batches(summaries, step.stats))
+    row["nfe_train_total"] = None  # the driver's budget fills it in
+    row.update(step.evaluation)
+    row.update(step.clock.row())
+    row.setdefault("time/eval_s", 0.0)
+    row["time/weight_push_s"] = weights.push_s
+    row["time/rollout_s"] = max(b.timings["rollout_s"] for b in summaries)
+    row["time/reward_s"] = max(b.timings["reward_s"] for b in summaries)
+    row["trajectory_bytes"] = max(b.nbytes for b in summaries)
+    sent = [b.timings.get("reward_request_bytes") for b in summaries]
+    if all(n is not None for n in sent):
+        row["reward_request_bytes"] = max(sent)
+        row["reward_requests"] = sum(b.timings.get("reward_requests", 1) for b in summaries)
+    return row

@@ -34,6 +34,7 @@ import time
 import httpx
 import numpy as np
 
+from ..common.errors import G2RPOError
 from .discovery import live_replicas
 from .schemas import SAFETENSORS_TYPE, ScoreRequest, ScoreResponse
 from .wire import encode_safetensors
@@ -46,17 +47,23 @@ log = logging.getLogger(__name__)
 HEADER_ALLOWANCE_BYTES = 16 * 2**10
 
 
-class NoReplicaAvailable(RuntimeError):
+class NoReplicaAvailable(G2RPOError, RuntimeError):
     """No live replica answered before the deadline."""
 
 
-class RewardRequestError(ValueError):
+class RewardRequestError(G2RPOError, ValueError):
     """The server rejected the request itself (4xx): retrying elsewhere cannot help."""
 
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(f"reward server answered {status}: {detail}")
         self.status = status
         self.detail = detail
+
+    def __reduce__(self):
+        # rebuilt from (status, detail), not from its message: Ray sends a worker's
+        # exception to the driver pickled, and without this it arrived as
+        # "UnserializableException: Failed to deserialize exception"
+        return type(self), (self.status, self.detail)
 
 
 @dataclasses.dataclass(frozen=True)

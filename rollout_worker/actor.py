@@ -85,10 +85,13 @@ class RolloutWorker(WeightGroupMember):
         seed: int,
         rewards: RewardEndpoints,
         keep: list[int] | None = None,
+        first: int = 0,
+        total: int | None = None,
     ) -> EvalSamples:
         """Every sample's scores; of the images only those at ``keep`` (a sample grid's:
-        400 held-out images of 720² are 593 MiB the driver has no use for)."""
-        samples = self.core.evaluate(prompts, seed, rewards)
+        400 held-out images of 720² are 593 MiB the driver has no use for). ``first``,
+        ``total``: these are samples ``first``.. of an evaluation spread over workers."""
+        samples = self.core.evaluate(prompts, seed, rewards, first, total)
         if keep is None:
             return samples
         return replace(samples, images=samples.images[keep])

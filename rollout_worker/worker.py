@@ -38,16 +38,25 @@ def sample_on_pipeline(
     max_batch: int = 256,
     decode_batch: int = 64,
     timings: dict[str, float] | None = None,
+    rows: slice | None = None,
 ):
     """Encode the prompts, run the plan with noise drawn from ``gen``, decode every
     leaf: (prompt embeddings, RolloutResult, uint8 images [leaves, size, size, 3]).
     ``timings``, when given, gets each part's seconds (encode_s, engine_s, decode_s),
-    the device synchronised at each boundary."""
+    the device synchronised at each boundary. ``rows``: an anchor plan whose initial
+    noise is these rows of the noise ``gen`` draws for ``rows.stop`` roots (one slice of
+    an evaluation shared by several workers sees the noise it would alone)."""
     clock = _PartClock(comps.device, timings)
     cond = comps.encode_prompts(prompts, max_sequence_length)
     clock.lap("encode_s")
     # drawn on the CPU generator (the same noise on any device), moved once
-    init, sde = (t.to(comps.device) for t in draw_noise(plan, comps.packed_shape(size, size), gen))
+    shape = comps.packed_shape(size, size)
+    if rows is None:
+        noise = draw_noise(plan, shape, gen)
+    else:
+        init = torch.randn((rows.stop, *shape), generator=gen)[rows]
+        noise = init, torch.zeros((0, *shape))
+    init, sde = (t.to(comps.device) for t in noise)
     result = RolloutEngine(model, grid, max_batch=max_batch).run(plan, cond, init, sde)
     clock.lap("engine_s")
     images = comps.decode(result.leaf_latents, size, size, batch=decode_batch)
@@ -129,7 +138,9 @@ class RolloutWorkerCore:
     def _scorer_names(self, rewards: RewardEndpoints) -> list[str]:
         return rewards.scorers or [r.name for r in self.cfg.rewards]
 
-    def _sample(self, plan: RolloutPlan, prompts: list[str], gen: torch.Generator, timings=None):
+    def _sample(
+        self, plan: RolloutPlan, prompts: list[str], gen: torch.Generator, timings=None, rows=None
+    ):
         return sample_on_pipeline(
             self.comps,
             self.model,
@@ -142,6 +153,7 @@ class RolloutWorkerCore:
             max_batch=self.cfg.sampling.max_batch,
             decode_batch=self.cfg.sampling.decode_batch,
             timings=timings,
+            rows=rows,
         )
 
     def sample(self, iteration: int, prompts: list[str], timings: dict | None = None):
@@ -207,18 +219,27 @@ class RolloutWorkerCore:
             leaf_latents=result.leaf_latents.detach().cpu() if plan.keep_leaves else None,
         )
 
-    def evaluate(self, prompts: list[str], seed: int, rewards: RewardEndpoints) -> EvalSamples:
-        """Deterministic anchor samples of fixed prompts with fixed noise, scored."""
+    def evaluate(
+        self, prompts: list[str], seed: int, rewards: RewardEndpoints, first: int = 0, total=None
+    ) -> EvalSamples:
+        """Deterministic anchor samples of fixed prompts with fixed noise, scored;
+        ``first``/``total``: see ``eval_images``."""
         t0 = time.perf_counter()
-        images = self.eval_images(prompts, seed)
+        images = self.eval_images(prompts, seed, first, total)
         response = self._reward_client(rewards).score(images, prompts, self._scorer_names(rewards))
         return EvalSamples(images, response.scores, time.perf_counter() - t0, self.version)
 
-    def eval_images(self, prompts: list[str], seed: int) -> np.ndarray:
+    def eval_images(
+        self, prompts: list[str], seed: int, first: int = 0, total: int | None = None
+    ) -> np.ndarray:
         """The policy's deterministic sample of each prompt from noise drawn from
-        ``seed``: uint8 [P, H, W, 3]."""
+        ``seed``: uint8 [P, H, W, 3]. ``prompts`` may be samples ``first`` .. of an
+        evaluation of ``total``, spread over workers: each sample gets the noise it
+        gets in the whole evaluation."""
         gen = torch.Generator().manual_seed(seed)
-        _, _, images = self._sample(
-            anchor_plan(len(prompts), self.cfg.sampling.num_steps), prompts, gen
-        )
+        plan = anchor_plan(len(prompts), self.cfg.sampling.num_steps)
+        rows = None if total is None else slice(first, first + len(prompts))
+        if rows is not None and rows.stop > total:
+            raise ValueError(f"samples {first}..{rows.stop} of an evaluation of {total}")
+        _, _, images = self._sample(plan, prompts, gen, rows=rows)
         return images.numpy()

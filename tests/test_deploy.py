@@ -38,7 +38,7 @@ DEPLOY_OVERRIDES = {
     "train.metrics.port": 9400,  # the driver's exporter, PodMonitor g2rpo-train
     "train.metrics.host": "0.0.0.0",
     "train.env_vars": {"NCCL_DEBUG": "WARN"},  # every actor's environment
-    "train.reward.resources": {"reward": 1},  # the job's reward replicas: the gpu2 pod
+    "train.reward.resources": {"reward": 1},  # the job's reward replicas: the gpu1 pod
     "train.reward.token_env": "G2RPO_REWARD_TOKEN",  # the reward-token Secret
 }
 RENDERS = ["base", "cpu", "gpu"]

@@ -291,13 +291,14 @@ def test_cli_table_json_and_exit_codes(capsys):
     assert "rollout worker" in capsys.readouterr().out
     flux = str(ROOT / "configs" / "flux_hps.yaml")
     assert main(["plan", flux, "--json"]) == 0  # the recipe as shipped fits its 80 GiB GPUs
-    assert json.loads(capsys.readouterr().out)["gpus_asked"] == 16 + 8 + 1 + 2 * 0.5
+    # 16 workers, 8 learner ranks, 2 replicas at 0.5 (the evaluation is on the workers)
+    assert json.loads(capsys.readouterr().out)["gpus_asked"] == 16 + 8 + 2 * 0.5
     one = [a for x in ONE_LEARNER for a in ("--set", x)]
     assert main(["plan", flux, *one, "--json", "--gpu-memory", "80GiB"]) == 3
     rep = json.loads(capsys.readouterr().out)
     learner = next(a for a in rep["actors"] if a["actor"] == "learner rank")
     assert not learner["fits"] and learner["remedies"]
-    assert rep["gpus_asked"] == 16 + 1 + 1 + 2 * 0.5
+    assert rep["gpus_asked"] == 16 + 1 + 2 * 0.5
     from g2rpo.planning.doctor import is_config_field
 
     for remedy in learner["remedies"]:  # each --set names a real field and loads

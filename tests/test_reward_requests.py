@@ -254,3 +254,20 @@ def test_a_jobs_replicas_take_its_limit_and_its_workers_its_bounds(ray_local):
         assert any(r.status == 413 for r in bigger.last_requests)
     finally:
         source.close()
+
+
+def test_a_refused_request_crosses_a_process_boundary_whole():
+    """Ray hands a worker's exception to the driver pickled: a 4xx must arrive as itself
+    (the CLI prints it as one line), not as "Failed to deserialize exception", which is
+    how the 413 of `g2rpo rehearse` on the parent commit's client reached the driver."""
+    import pickle
+
+    from g2rpo.reward_server.client import RewardRequestError
+
+    sent = RewardRequestError(413, "request body exceeds 67108864 bytes")
+    got = pickle.loads(pickle.dumps(sent))
+    assert type(got) is RewardRequestError and (got.status, got.detail) == (
+        sent.status,
+        sent.detail,
+    )
+    assert str(got) == str(sent)
