@@ -91,8 +91,9 @@ def reform(loop, died: LearnerRankDied) -> int:
     # the new rank 0 holds no weight-broadcast group: form one before the next version
     if getattr(loop.publisher, "name", None) is not None:
         loop.publisher.name = None
-    # staleness >= 1: a rollout started beside the failed update is not used
-    loop.next_rollout, loop.published = None, None
+    # staleness >= 1: a rollout started beside the failed update is not used; nor is the
+    # failed iteration's update (a stop now must not wait for it)
+    loop.next_rollout, loop.published, loop.step = None, None, None
     loop.budget = Budget(cfg.run.nfe_budget)
     restarts = loop.learner_restarts + 1
     start = resume_point(loop)

@@ -189,11 +189,13 @@ def test_a_stop_during_the_update_finishes_it_and_resumes_to_the_uninterrupted_r
     it_00001, which would hold iteration 2's weights and make the resumed run skip an
     iteration. Resumed, the run equals the uninterrupted one, row for row, and its final
     weights too."""
+    import ray
     from g2rpo.orchestration.driver import TrainingLoop, train
     from small_run import small_train
 
     calm, calm_digest, _ = calm_group
     real, stopped = TrainingLoop.learned, []
+    real_start, sent = TrainingLoop.start_learning, []
 
     def stop_during_update(self, step):
         if step.iteration == 1 and not stopped:  # the signal arrives inside the wait
@@ -201,11 +203,18 @@ def test_a_stop_during_the_update_finishes_it_and_resumes_to_the_uninterrupted_r
             raise KeyboardInterrupt
         return real(self, step)
 
+    def start_learning(self, it, weights, summaries, trajectories, evaluation, clock):
+        sent.extend(trajectories)
+        return real_start(self, it, weights, summaries, trajectories, evaluation, clock)
+
     monkeypatch.setattr(TrainingLoop, "learned", stop_during_update)
+    monkeypatch.setattr(TrainingLoop, "start_learning", start_learning)
     two = ["train.learner.count=2"]
     with pytest.raises(KeyboardInterrupt):
         small_train(world, tmp_path, "stopped", 3, two, reward_url=scorer_url, warm=warm)
     monkeypatch.undo()
+    # the trajectories went to the learner ranks by reference: the driver held none
+    assert sent and all(isinstance(t, ray.ObjectRef) for t in sent)
     run_dir = tmp_path / "stopped"
     err = capfd.readouterr().err
     assert "finishing iteration 1" in err and "interrupted after iteration 2" in err, err

@@ -5,6 +5,7 @@ the answers in the images' order; a server whose limit is below the client's is 
 by halving the refused requests; one image over the limit is an error naming the fields."""
 
 import math
+import os
 import re
 import subprocess
 
@@ -271,3 +272,31 @@ def test_a_refused_request_crosses_a_process_boundary_whole():
         sent.detail,
     )
     assert str(got) == str(sent)
+
+
+@pytest.mark.slow
+def test_a_scorer_no_replica_serves_stops_train_before_any_model_loads(tmp_path):
+    """README's own example, as a new user runs it: `g2rpo train --redis-url URL` where
+    no reward replica is registered. It used to start every actor, wait 300 s in the
+    first rollout and die with a bare NoReplicaAvailable traceback; now it says in one
+    line, before any actor starts, which scorer has no replica and where it looked."""
+    import time
+
+    from servers import RedisServer
+
+    redis = RedisServer()
+    try:
+        cmd = [G2RPO, "train", "--no-progress", "--config", "configs/tiny.yaml"]
+        cmd += ["--redis-url", redis.url, "--set", f"run.output_dir={tmp_path}"]
+        cmd += ["--set", "train.reward.deadline_s=3"]  # how long replicas may take to appear
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        t0 = time.monotonic()
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        took = time.monotonic() - t0
+    finally:
+        redis.stop()
+    assert res.returncode == 2, res.stderr[-3000:]
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("g2rpo: error:")]
+    assert "train.reward: no reward replica serves ['shapes_clip', 'shapes_oracle']" in line
+    assert redis.url in line and "Traceback" not in res.stderr
+    assert took < 90  # Ray's start and the 3 s wait, not a rollout's 300 s deadline

@@ -150,3 +150,34 @@ def test_a_kept_group_another_run_did_not_take_stays_while_there_is_room(ray_loc
                 time.sleep(0.2)
     finally:
         warm.close()
+
+
+def test_train_env_vars_reach_every_kind_of_actor(ray_local, world):
+    """train.env_vars (NCCL_SOCKET_IFNAME and the like) are in each actor's environment:
+    the driver's shell reaches none of them on a cluster."""
+    from g2rpo.learner.actor import Learner
+    from g2rpo.reward_server.replica_actor import RewardReplica
+    from g2rpo.rollout_worker.actor import RolloutWorker
+
+    cfg = _load(world, "env", "train.env_vars={G2RPO_TEST_IFNAME: eth7}")
+    t, cfg_dict = cfg.train, cfg.model_dump(mode="json")
+    actors = [
+        RolloutWorker.options(**t.ray_options(t.workers)).remote(cfg_dict, 0),
+        Learner.options(**t.ray_options(t.learner)).remote(cfg_dict, 0, 1),
+        RewardReplica.options(**t.ray_options(t.reward)).remote(
+            "shapes_oracle", "tok", None, "cpu"
+        ),
+    ]
+    try:
+        seen = ray.get(
+            [
+                a.__ray_call__.remote(lambda self: os.environ.get("G2RPO_TEST_IFNAME"))
+                for a in actors
+            ],
+            timeout=120,
+        )
+        assert seen == ["eth7"] * 3
+        assert os.environ.get("G2RPO_TEST_IFNAME") is None  # the driver's own is untouched
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
