@@ -93,6 +93,10 @@ def test_flux_hps_rehearses_on_two_nodes_at_its_true_sizes(tmp_path):
     assert sent["trajectory_batch_bytes"] >= 8 * 12 * 2025 * 64 * 4
 
     assert set(report["faults"]) == {"rollout worker 0", "learner rank 1"}
+    # the learner group's placement group (STRICT_PACK) holds its ranks on one node, the
+    # ranks formed again after the kill too (actors.json is the second session's, at its end)
+    learners = [a for a in report["memory"] if a["actor"].startswith("learners")]
+    assert len(learners) == 2 and len({a["node"] for a in learners}) == 1
     files = report["files"]
     assert files["shared run directory"]["files"] > 0
     assert all(files[n["name"]]["files"] == 0 for n in report["nodes"])
