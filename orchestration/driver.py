@@ -43,6 +43,7 @@ from .cluster import RunActors, record_actors, start_actors
 from .evaluations import PendingEval, evaluate_part, gather, record_evaluation, start_parts
 from .lifecycle import attach_telemetry, finish, nothing_left, open_run, resume_point
 from .phase_clock import PhaseClock
+from .placement import object_store_too_small
 from .publishing import Published, publisher_for
 from .records import iteration_row, progress_fields
 from .recovery import run_with_recovery
@@ -87,6 +88,7 @@ class TrainingLoop:
     next_rollout: PendingRollout | None = None  # weights.staleness >= 1: started beside the update
     published: Published | None = None
     step: Step | None = None  # the iteration whose update is in flight or being recorded
+    store_checked: bool = False  # the object stores measured against a published version
     restart_s: float = field(init=False)  # train.workers.start_timeout_s, resolved
     # told at each phase boundary (``at(point, loop, iteration)``): `g2rpo rehearse`
     # times phases and injects its faults there
@@ -111,7 +113,12 @@ class TrainingLoop:
         broadcast (``train.weights.transport``); each verifies version and checksum."""
         self.at("publish", -1)
         self.actors.rewards.refresh(timeout=self.cfg.train.placement_timeout_s)
-        return self.publisher.publish()
+        published = self.publisher.publish()
+        if not self.store_checked:  # once a session: the first version's size says it
+            self.store_checked = True
+            if line := object_store_too_small(published.nbytes):
+                print(line, file=sys.stderr)
+        return published
 
     def evaluate(self, it: int, weights: Published, last: bool) -> PendingEval | None:
         """Start the held-out evaluation of the published weights (every train.eval.every

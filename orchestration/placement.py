@@ -145,3 +145,22 @@ def wait_group_placed(pg, cfg: G2RPOConfig, timeout_s: float) -> None:
         )
         + f"; the cluster's nodes have {nodes}, {_summary(ray.available_resources())} free"
     )
+
+
+def object_store_too_small(nbytes: int) -> str | None:
+    """A line saying so when a published version (``nbytes``) is more than half the
+    smallest object store of the cluster's nodes that run actors (a worker may hold
+    the version being loaded and the next one; a bigger one spills to disk at every
+    publish), else None."""
+    stores = [
+        n["Resources"].get("object_store_memory", 0)
+        for n in ray.nodes()
+        if n.get("Alive") and n["Resources"].get("CPU", 0) + n["Resources"].get("GPU", 0) > 0
+    ]
+    if not stores or 2 * nbytes <= min(stores):
+        return None
+    return (
+        f"a published weight version is {nbytes / 2**30:.1f} GiB and a node's object store "
+        f"{min(stores) / 2**30:.1f} GiB: each publish will spill to disk; start the nodes "
+        f"with ray start --object-store-memory={2 * nbytes + 2**30} (and /dev/shm at least that)"
+    )

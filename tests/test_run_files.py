@@ -175,3 +175,21 @@ def test_a_resume_missing_its_recorded_checkpoint_changes_nothing_and_says_why(t
     (run / "checkpoints.jsonl").unlink()
     (run / "checkpoints" / "it_00004.pt").unlink()
     assert checkpoint_to_resume(run).name == "it_00002.pt"
+
+
+def test_a_sample_grid_of_720px_samples_stays_small_and_takes_only_the_grid_images(tmp_path):
+    """An evaluation of 400 samples of 720² sends back only the grid's images (8 prompts,
+    their first 4 samples at most), and the grid draws them at most 256 px a side: at the
+    old 3x a FLUX grid was 17,000 pixels wide."""
+    import numpy as np
+    from g2rpo.run_directory.files import grid_samples, write_sample_grid
+    from PIL import Image
+
+    prompts = [f"prompt {i}" for i in range(100) for _ in range(4)]  # 100 prompts x 4
+    shown = grid_samples(len(prompts), per_prompt=4)
+    assert len(shown) == 8 * 4 and shown == sorted(shown) and shown[:4] == [0, 1, 2, 3]
+    images = np.random.default_rng(0).integers(0, 255, (len(shown), 720, 720, 3), dtype=np.uint8)
+    write_sample_grid(tmp_path / "g.png", images, prompts, 4, title="t")
+    width, height = Image.open(tmp_path / "g.png").size
+    assert width < 1600 and height < 2400
+    assert grid_samples(3, per_prompt=1) == [0, 1, 2]

@@ -181,3 +181,14 @@ def test_train_env_vars_reach_every_kind_of_actor(ray_local, world):
     finally:
         for a in actors:
             ray.kill(a, no_restart=True)
+
+
+def test_a_version_too_big_for_the_object_stores_is_said_once(ray_local):
+    """The session's local Ray has 256 MiB object stores: a 25.8 KiB version fits, a
+    200 MiB one (two of them in flight) would spill at every publish, which the driver
+    says with the ray start flag that fixes it."""
+    from g2rpo.orchestration.placement import object_store_too_small
+
+    assert object_store_too_small(26_000) is None
+    line = object_store_too_small(200 * 2**20)
+    assert line is not None and "--object-store-memory=" in line and "0.2 GiB" in line
