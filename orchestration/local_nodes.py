@@ -36,7 +36,7 @@ AGENT_PORTS = (
     "metrics-export-port",
     "runtime-env-agent-port",
 )
-START_TIMEOUT_S = 180.0
+START_TIMEOUT_S = 600.0  # a node joining a machine busy with a cluster takes minutes
 
 
 def ray_executable() -> str:
