@@ -154,33 +154,29 @@ def test_a_kept_group_another_run_did_not_take_stays_while_there_is_room(ray_loc
 
 def test_train_env_vars_reach_every_kind_of_actor(ray_local, world):
     """train.env_vars (NCCL_SOCKET_IFNAME and the like) are in each actor's environment:
-    the driver's shell reaches none of them on a cluster."""
-    from g2rpo.learner.actor import Learner
+    the driver's shell reaches none of them on a cluster. Every kind's options carry them
+    as its runtime environment, and an actor started with those options sees them (a
+    reward replica: the lightest actor; a worker or learner would load the world first)."""
     from g2rpo.reward_server.replica_actor import RewardReplica
-    from g2rpo.rollout_worker.actor import RolloutWorker
 
     cfg = _load(world, "env", "train.env_vars={G2RPO_TEST_IFNAME: eth7}")
-    t, cfg_dict = cfg.train, cfg.model_dump(mode="json")
-    actors = [
-        RolloutWorker.options(**t.ray_options(t.workers)).remote(cfg_dict, 0),
-        Learner.options(**t.ray_options(t.learner)).remote(cfg_dict, 0, 1),
-        RewardReplica.options(**t.ray_options(t.reward)).remote(
-            "shapes_oracle", "tok", None, "cpu"
-        ),
-    ]
+    t = cfg.train
+    kinds = [*t.actor_kinds().values(), t.reward]
+    assert len(kinds) == 4  # workers, learner ranks, the evaluator, reward replicas
+    for kind in kinds:
+        assert t.ray_options(kind)["runtime_env"] == {"env_vars": {"G2RPO_TEST_IFNAME": "eth7"}}
+    replica = RewardReplica.options(**t.ray_options(t.reward)).remote(
+        "shapes_oracle", "tok", None, "cpu"
+    )
     try:
         seen = ray.get(
-            [
-                a.__ray_call__.remote(lambda self: os.environ.get("G2RPO_TEST_IFNAME"))
-                for a in actors
-            ],
+            replica.__ray_call__.remote(lambda self: os.environ.get("G2RPO_TEST_IFNAME")),
             timeout=120,
         )
-        assert seen == ["eth7"] * 3
+        assert seen == "eth7"
         assert os.environ.get("G2RPO_TEST_IFNAME") is None  # the driver's own is untouched
     finally:
-        for a in actors:
-            ray.kill(a, no_restart=True)
+        ray.kill(replica, no_restart=True)
 
 
 def test_a_version_too_big_for_the_object_stores_is_said_once(ray_local):
