@@ -81,15 +81,11 @@ def gather(pending: PendingEval, redo, timeout_s: float | None, restart_s: float
             )
             return None
         except ray.exceptions.RayActorError:  # restarted by Ray: load the weights, redo
-            samples = call_with_restart(
-                lambda a, p=part: redo(a, p), part.actor, restart_s=restart_s
-            )
+            samples = call_with_restart(again, part.actor, restart_s=restart_s)
         if samples.version != pending.weights.version:
             # restarted by Ray after the weights reached it and before the evaluation:
             # the new actor sampled with the weights it starts with. Redo it.
-            samples = call_with_restart(
-                lambda a, p=part: redo(a, p), part.actor, restart_s=restart_s
-            )
+            samples = call_with_restart(again, part.actor, restart_s=restart_s)
         got.append(samples)
     return merge(got)
 
