@@ -312,13 +312,22 @@ class RolloutEngine:
 
 
 def draw_noise(
-    plan: RolloutPlan, latent_shape: tuple[int, ...], generator: torch.Generator
+    plan: RolloutPlan,
+    latent_shape: tuple[int, ...],
+    generator: torch.Generator,
+    rows: slice | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Initial and SDE noise tables for a plan, drawn on the CPU in a fixed order
-    (roots, then SDE rows) so that every execution mode sees the same ε."""
-    init = torch.randn((plan.num_roots, *latent_shape), generator=generator)
-    sde = torch.randn((plan.num_noises, *latent_shape), generator=generator)
-    return init, sde
+    (roots, then SDE rows) so that every execution mode sees the same ε. ``rows``: the
+    plan is that slice of the roots of a larger plan drawn from the same generator, and
+    has no SDE rows (one worker's slice of an evaluation spread over several sees the
+    noise it would see alone)."""
+    if rows is None:
+        init = torch.randn((plan.num_roots, *latent_shape), generator=generator)
+        sde = torch.randn((plan.num_noises, *latent_shape), generator=generator)
+        return init, sde
+    init = torch.randn((rows.stop, *latent_shape), generator=generator)[rows]
+    return init, torch.zeros((0, *latent_shape))
 
 
 def _pack(records: list[_Record], like: torch.Tensor) -> Transitions:

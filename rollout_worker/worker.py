@@ -50,12 +50,7 @@ def sample_on_pipeline(
     cond = comps.encode_prompts(prompts, max_sequence_length)
     clock.lap("encode_s")
     # drawn on the CPU generator (the same noise on any device), moved once
-    shape = comps.packed_shape(size, size)
-    if rows is None:
-        noise = draw_noise(plan, shape, gen)
-    else:
-        init = torch.randn((rows.stop, *shape), generator=gen)[rows]
-        noise = init, torch.zeros((0, *shape))
+    noise = draw_noise(plan, comps.packed_shape(size, size), gen, rows)
     init, sde = (t.to(comps.device) for t in noise)
     result = RolloutEngine(model, grid, max_batch=max_batch).run(plan, cond, init, sde)
     clock.lap("engine_s")
