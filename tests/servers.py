@@ -23,6 +23,7 @@ __all__ = [
     "RedisServer",
     "RewardServerProcess",
     "free_port",
+    "session_ray_aside",
     "session_ray_env",
     "start_local_ray",
 ]
@@ -41,6 +42,25 @@ def start_local_ray() -> None:
     ray.init(
         num_cpus=16, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20
     )
+
+
+@contextlib.contextmanager
+def session_ray_aside():
+    """For a test that connects this process to a cluster of its own: the tests' local
+    Ray steps aside (a process is connected to one Ray at a time) and, when it was
+    running, is started again after. Without that restart the next test's first Ray
+    call would start a default Ray of os.cpu_count() CPUs, where a training run's
+    actors wait for CPUs forever (the whole suite in one pytest process, 2026-11-28)."""
+    import ray
+
+    was_running = ray.is_initialized()
+    ray.shutdown()
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if was_running:
+            start_local_ray()
 
 
 def session_ray_env() -> dict:

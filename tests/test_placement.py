@@ -80,33 +80,30 @@ def two_nodes():
     (and CPUs to spare: only the custom resources decide), the second ``sampler``.
     The session's local Ray steps aside for this module and is started again after."""
     from ray.cluster_utils import Cluster
-    from servers import start_local_ray
+    from servers import session_ray_aside
 
-    session_ray = ray.is_initialized()
-    ray.shutdown()
-    restore_address_file = _address_file_keeper()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 4,
-            "resources": {"trainer": 1, "scorer": 1},
-            "object_store_memory": 200 * 2**20,
-        },
-    )
-    restore_address_file()
-    sampler = cluster.add_node(
-        num_cpus=2, resources={"sampler": 2}, object_store_memory=200 * 2**20
-    )
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    try:
-        yield cluster, sampler
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    with session_ray_aside():
+        restore_address_file = _address_file_keeper()
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 4,
+                "resources": {"trainer": 1, "scorer": 1},
+                "object_store_memory": 200 * 2**20,
+            },
+        )
         restore_address_file()
-        if session_ray:
-            start_local_ray()
+        sampler = cluster.add_node(
+            num_cpus=2, resources={"sampler": 2}, object_store_memory=200 * 2**20
+        )
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        try:
+            yield cluster, sampler
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+            restore_address_file()
 
 
 def _over(world, out, name, *extra):

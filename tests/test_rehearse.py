@@ -32,40 +32,42 @@ def test_a_node_that_does_not_share_the_run_directory_stops_the_run_before_any_m
     from g2rpo.common.errors import RunFailed
     from g2rpo.orchestration.local_nodes import LocalCluster
     from g2rpo.orchestration.shared_dir import probe_nodes
+    from servers import session_ray_aside
 
-    run_dir = tmp_path / "runs" / "r"
-    run_dir.mkdir(parents=True)
-    cluster = LocalCluster(tmp_path / "cluster")
-    try:
-        cluster.add_head(2**28)
-        for name, private in (("shares", []), ("alone", [tmp_path / "runs"])):
-            cluster.add_node(
-                name,
-                num_cpus=1,
-                num_gpus=0,
-                resources={name: 1},
-                object_store_bytes=2**28,
-                private=private,
-            )
-        ray.init(address=cluster.address, log_to_driver=False)
-        cluster.wait_for(3)
-        node = {
-            name: n["NodeID"]
-            for n in ray.nodes()
-            for name in ("shares", "alone")
-            if name in n["Resources"]
-        }
-        by_node = {node["shares"]: ["learner rank 0"], node["alone"]: ["rollout worker 1"]}
-        with pytest.raises(RunFailed, match=r"^run\.output_dir: ") as err:
-            probe_nodes(run_dir, by_node, timeout_s=60)
-        assert "rollout worker 1" in str(err.value) and "learner rank 0" not in str(err.value)
-        # the private node's probe landed in its own directory, at the path the driver uses
-        (alone,) = [n for n in cluster.nodes if n.name == "alone"]
-        assert list((alone.private[str(tmp_path / "runs")] / "r" / ".probes").iterdir())
-        probe_nodes(run_dir, {node["shares"]: ["learner rank 0"]}, timeout_s=60)
-    finally:
-        ray.shutdown()
-        cluster.stop()
+    with session_ray_aside():
+        run_dir = tmp_path / "runs" / "r"
+        run_dir.mkdir(parents=True)
+        cluster = LocalCluster(tmp_path / "cluster")
+        try:
+            cluster.add_head(2**28)
+            for name, private in (("shares", []), ("alone", [tmp_path / "runs"])):
+                cluster.add_node(
+                    name,
+                    num_cpus=1,
+                    num_gpus=0,
+                    resources={name: 1},
+                    object_store_bytes=2**28,
+                    private=private,
+                )
+            ray.init(address=cluster.address, log_to_driver=False)
+            cluster.wait_for(3)
+            node = {
+                name: n["NodeID"]
+                for n in ray.nodes()
+                for name in ("shares", "alone")
+                if name in n["Resources"]
+            }
+            by_node = {node["shares"]: ["learner rank 0"], node["alone"]: ["rollout worker 1"]}
+            with pytest.raises(RunFailed, match=r"^run\.output_dir: ") as err:
+                probe_nodes(run_dir, by_node, timeout_s=60)
+            assert "rollout worker 1" in str(err.value) and "learner rank 0" not in str(err.value)
+            # the private node's probe landed in its own directory, at the path the driver uses
+            (alone,) = [n for n in cluster.nodes if n.name == "alone"]
+            assert list((alone.private[str(tmp_path / "runs")] / "r" / ".probes").iterdir())
+            probe_nodes(run_dir, {node["shares"]: ["learner rank 0"]}, timeout_s=60)
+        finally:
+            ray.shutdown()
+            cluster.stop()
 
 
 def test_flux_hps_rehearses_on_two_nodes_at_its_true_sizes(tmp_path):
@@ -106,7 +108,8 @@ def test_flux_hps_rehearses_on_two_nodes_at_its_true_sizes(tmp_path):
     assert [r["iteration"] for r in rows] == [0, 1]
     assert all(r["time/reward_s"] > 0 for r in rows)
     evals = sorted(p.name for p in (run / "evals").glob("it_*.json"))
-    assert evals == ["it_00000.json", "it_00001.json", "it_00002.json"]
+    # iteration 0 (train.eval.every 25), and the trained weights after the resumed session
+    assert evals == ["it_00000.json", "it_00002.json"]
     scored = json.loads((run / "evals" / "it_00002.json").read_text())["scores"]
     assert len(scored["hpsv2"]) == 400  # the recipe's held-out evaluation, every sample
     assert (run / "final" / "transformer" / "config.json").is_file()
