@@ -41,22 +41,26 @@ def _cmd_train(args: argparse.Namespace) -> int:
             )
     except KeyboardInterrupt as exc:
         return interrupted_exit_code(exc)
-    rows = read_metrics(run_dir)
-    evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
-    print(f"run {run_dir}: {len(rows)} iterations in metrics.jsonl")
+    from g2rpo.orchestration.records import evaluation_change
+    from g2rpo.run_directory.files import read_evaluations
+
+    print(f"run {run_dir}: {len(read_metrics(run_dir))} iterations in metrics.jsonl")
+    evals = read_evaluations(run_dir)  # the last: the trained weights' own, at the end
     if evals:
         first, last = evals[0], evals[-1]
-        for k in [k for k in first if k.startswith("eval/") and k.count("/") <= 2]:
-            if k.endswith(("/delta", "/delta_lo", "/delta_hi")) or k not in last:
+        change = evaluation_change(first, last)
+        for name, before in first["scores"].items():
+            if f"eval/{name}" not in change:
                 continue
             line = (
-                f"  {k}: {first[k]:.4f} (it {first['iteration']}) -> "
-                f"{last[k]:.4f} (it {last['iteration']})"
+                f"  eval/{name}: {sum(before) / len(before):.4f} (it {first['iteration']}) -> "
+                f"{change[f'eval/{name}']:.4f} (it {last['iteration']})"
             )
-            if f"{k}/delta" in last:
+            if last is not first and f"eval/{name}/delta" in change:
                 line += (
-                    f", paired change {last[k + '/delta']:+.4f} "
-                    f"[{last[k + '/delta_lo']:+.4f}, {last[k + '/delta_hi']:+.4f}] (95% CI)"
+                    f", paired change {change[f'eval/{name}/delta']:+.4f} "
+                    f"[{change[f'eval/{name}/delta_lo']:+.4f}, "
+                    f"{change[f'eval/{name}/delta_hi']:+.4f}] (95% CI)"
                 )
             print(line)
     return 0

@@ -120,12 +120,12 @@ class TrainingLoop:
                 print(line, file=sys.stderr)
         return published
 
-    def evaluate(self, it: int, weights: Published, last: bool) -> PendingEval | None:
+    def evaluate(self, it: int, weights: Published, forced: bool) -> PendingEval | None:
         """Start the held-out evaluation of the published weights (every train.eval.every
-        iterations and at the last one); it runs on the evaluator while the workers
+        iterations, and when ``forced``); it runs on the evaluator while the workers
         roll out. Without an evaluator it is spread over the workers, each a slice,
         before the rollout (evaluations.py)."""
-        if not (self.eval_due(it) or last):
+        if not (self.eval_due(it) or forced):
             return None
         if self.actors.evaluator is not None:
             weights.load_on(self.actors.evaluator)  # actor calls run in order: no wait
@@ -256,16 +256,18 @@ class TrainingLoop:
             self.curves_drawn_at = now
 
     # ------------------------------------------------------------------ the loop
-    def iteration(self, it: int, last: bool) -> dict:
+    def iteration(self, it: int, last: bool, evaluate: bool = False) -> dict:
+        """One iteration; ``last``: the session's (no rollout is started beyond it);
+        ``evaluate``: evaluate it whatever train.eval.every says."""
         if self.cfg.train.weights.staleness >= 1:
-            return self.overlapped_iteration(it, last)
+            return self.overlapped_iteration(it, last, evaluate)
         clock = PhaseClock()
         with clock.phase("publish"):
             weights = self.publish()
         with clock.aside():  # bookkeeping, not a phase of the algorithm
             record_actors(self.run_dir, self.actors)
         with clock.phase("eval"):  # without an evaluator it runs here, on worker 0
-            evaluation = self.evaluate(it, weights, last)
+            evaluation = self.evaluate(it, weights, evaluate)
             if self.actors.evaluator is None:
                 evaluation = self.collect_evaluation(evaluation)
         with clock.phase("rollout_and_reward"):
@@ -277,7 +279,7 @@ class TrainingLoop:
             self.evaluated(step)
         return self.finish_step(step)
 
-    def overlapped_iteration(self, it: int, last: bool) -> dict:
+    def overlapped_iteration(self, it: int, last: bool, evaluate: bool = False) -> dict:
         """``train.weights.staleness >= 1``: iteration it+1's rollout runs on the weights the
         workers hold (v_it) while the learner updates on iteration it's batch; the new
         weights are published behind that rollout. Every batch is learned one version
@@ -291,7 +293,7 @@ class TrainingLoop:
         with clock.aside():
             record_actors(self.run_dir, self.actors)
         sampled = self.next_rollout
-        pending = self.evaluate(it, self.published, last)  # the newest weights, as in order
+        pending = self.evaluate(it, self.published, evaluate)  # the newest weights, in order
         with clock.phase("rollout_and_reward"):
             summaries, trajectories = self.collect_rollout(sampled)
         # the workers hold the newest weights: the next rollout starts on them now
@@ -354,7 +356,12 @@ class TrainingLoop:
                 if self.budget.exhausted():
                     break
                 last = it == end - 1 or self.budget.next_is_last()
-                row = self.iteration(it, last)
+                # a finished run's trained weights are evaluated by finish() (lifecycle),
+                # one update after this iteration's: at FLUX scale an evaluation is
+                # minutes of every worker. A session that stops short of the run's end
+                # (--max-iterations) evaluates its last iteration here instead.
+                short = stops_short(it, end, self.cfg.run.iterations)
+                row = self.iteration(it, last, evaluate=short)
                 done = it + 1
                 stop = done == end or self.budget.exhausted()
                 self.record(row, stop)
@@ -377,6 +384,12 @@ class TrainingLoop:
         finally:
             bar.close()
         return done
+
+
+def stops_short(it: int, end: int, iterations: int) -> bool:
+    """Iteration ``it`` ends a session (``end``: the first it does not run) that leaves
+    the run unfinished (of ``iterations``): no final evaluation follows it."""
+    return it == end - 1 and end < iterations
 
 
 def train(

@@ -119,5 +119,5 @@ def _evaluate_final(loop, done: int) -> None:
     """The trained weights' own evaluation (evals/it_<done>.json), so that the
     reward-vs-NFE curve ends at the run's last NFE."""
     weights = loop.publish()
-    pending = loop.evaluate(done, weights, last=True)
+    pending = loop.evaluate(done, weights, forced=True)
     loop.collect_evaluation(pending)

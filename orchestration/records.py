@@ -30,6 +30,13 @@ def eval_row(values: dict, first: dict | None, per_prompt: int) -> dict:
     return row
 
 
+def evaluation_change(first: dict, record: dict) -> dict:
+    """``eval_row`` of a saved evaluation record (evals/it_N.json) against the run's
+    first: each metric's mean, and its paired change since ``first`` with its 95% CI."""
+    values = {k: np.asarray(v, dtype=np.float64) for k, v in record["scores"].items()}
+    return eval_row(values, first, record["per_prompt"])
+
+
 def summarise_batches(batches, stats: dict) -> dict:
     """Rewards per reward model (and granularity), the learner's stats, NFE counts."""
     out: dict = {}

@@ -54,6 +54,9 @@ train:
         assert "succeeded" in out.lower()
         rows = read_metrics(tmp_path / "runs" / "job")
         assert [r["iteration"] for r in rows] == [0]
+        # the command's summary ends at the trained weights' own evaluation (after it 0's update)
+        assert "eval/shapes_clip: " in out and "(it 0) -> " in out
+        assert "(it 1), paired change " in out, out[-4000:]
         assert rows[0]["transitions"] == 1 * 2 * 4  # prompts · K · G
     finally:
         head.stop()

@@ -107,8 +107,10 @@ class _CountingLoop(TrainingLoop):
     """The loop's own run(): its stop rule and progress bar, with each iteration's work
     (Ray actors) replaced by a row that spends 400 training NFEs."""
 
-    def iteration(self, it, last):
+    def iteration(self, it, last, evaluate=False):
         self.budget.add(400)
+        if evaluate:
+            self.forced.append(it)
         return {
             "iteration": it,
             "reward/shapes_clip": 0.5,
@@ -127,7 +129,7 @@ class _CountingLoop(TrainingLoop):
 
 def _counting(overrides):
     loop = _CountingLoop(load_config(None, overrides), Path("."), None, [], [])
-    loop.rows = []
+    loop.rows, loop.forced = [], []
     return loop
 
 
@@ -141,6 +143,18 @@ def test_the_progress_bar_counts_what_stops_the_run(capsys):
     loop = _counting(["run.nfe_budget=null", "run.iterations=3"])
     assert loop.run(0, 3, progress=True) == 3
     assert "3/3" in capsys.readouterr().err.split("\r")[-1]
+
+
+def test_only_a_session_stopped_short_of_the_run_evaluates_its_last_iteration():
+    # a finished run's trained weights are evaluated after the loop (lifecycle.finish):
+    # its last iteration, one update short of them, is evaluated only when due
+    loop = _counting(["run.iterations=5", "train.eval.every=25"])
+    assert loop.run(0, 3, progress=False) == 3  # --max-iterations 3: not finished
+    assert loop.forced == [2]
+    assert loop.run(3, 5, progress=False) == 5  # the rest: finish() evaluates
+    assert loop.forced == [2]
+    loop = _counting(["run.nfe_budget=1000", "run.iterations=100000"])
+    assert loop.run(0, 100000, progress=False) == 2 and loop.forced == []
 
 
 def test_a_resume_missing_its_recorded_checkpoint_changes_nothing_and_says_why(tmp_path):
