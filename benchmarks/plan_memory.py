@@ -46,6 +46,11 @@ def bench_plan_memory(
     blocks: tuple[int, int] = (2, 4),
     batches: tuple[int, ...] = (1, 4),
 ) -> dict[str, Any]:
+    dev = torch.device(device)  # refused before diffusers' imports (seconds of CPU)
+    if dev.type != "cuda":
+        raise UsageError(f"--device {device}: this compares CUDA allocator peaks; use cuda")
+    if not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is visible to torch here")
     from diffusers import AutoencoderKL
 
     from ..common.flux import FluxVelocity
@@ -53,11 +58,6 @@ def bench_plan_memory(
     from ..planning import estimate, trace
     from ..planning.presets import preset_config
 
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        raise UsageError(f"--device {device}: this compares CUDA allocator peaks; use cuda")
-    if not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is visible to torch here")
     vae_cfg = preset_config("flux1-dev", "vae")
     tr_cfg = preset_config("flux1-dev", "transformer")
     out: dict[str, Any] = {
