@@ -123,12 +123,7 @@ class EvalConfig(ActorResources):
     evaluator actor's (used when ``on_actor`` is true)."""
 
     prompts: str = Field("shapes:held_out", description="'shapes:held_out' or a text file")
-    every: int = Field(
-        5,
-        ge=1,
-        description="evaluate the held-out prompts every N iterations (and the trained "
-        "weights once the run finishes, or a session's last iteration that stops short)",
-    )
+    every: int = Field(5, ge=1, description="evaluate the held-out prompts every N iterations")
     every_nfe: int | None = Field(
         None,
         ge=1,
@@ -279,12 +274,6 @@ class TrainConfig(Section):
         ge=1,
         description="torch CPU threads in each rollout worker, evaluator, learner rank and "
         "the run's own reward replicas",
-    )
-    onednn: bool = Field(
-        True,
-        description="CPU convolutions through oneDNN (torch.backends.mkldnn) in the rollout "
-        "workers and the evaluator. `g2rpo rehearse` turns it off: its 1-channel VAE "
-        "decodes a 720² image about 2× faster without (docs/rehearsals.md)",
     )
     placement_timeout_s: float = Field(
         600.0, gt=0, description="fail when an actor is not placed by then (names the request)"

@@ -16,9 +16,7 @@ changes so it fits one CPU machine, and every per-request and per-object size ke
    AVX512-BF16), so ``model.dtype``, ``rollout_weights_dtype`` and FSDP's mixed
    precision fall back to float32; one torch thread per actor; the VAE decodes one image
    at a time (``sampling.decode_batch``, a GPU memory setting: on a CPU a 720² decode of
-   one image is 3× faster per image than of four, which no longer fit its caches); its
-   convolutions skip oneDNN (``train.onednn``: on one channel oneDNN's set-up outweighs
-   the work, and a decode takes half the time without it).
+   one image is 3× faster per image than of four, which no longer fit its caches).
 3. **Counts**: at most ``MAX_ACTORS`` rollout workers, learner ranks and reward
    replicas each (a group stays a group); the evaluator as the recipe says. Everything
    per actor is the recipe's: prompts and leaves per worker, image size, sampling
@@ -84,7 +82,6 @@ def rehearsal_of(
         "model.rollout_weights_dtype=float32",
         "model.mixed_precision=autocast",
         "train.threads=1",
-        "train.onednn=false",
         "sampling.decode_batch=1",
         f"train.workers.count={workers}",
         f"train.learner.count={learners}",
@@ -118,8 +115,7 @@ def rehearsal_of(
         f"models: random, the recipe's latent geometry, {WIDTH['head_dim']} channels wide, "
         f"{blocks}, a {WIDTH['vae_channels']}-channel VAE of the same scale factor; random "
         "224² CLIP and ImageReward scorers",
-        "numbers: float32 on the CPU, one thread per actor, one image per VAE decode, "
-        "convolutions without oneDNN",
+        "numbers: float32 on the CPU, one thread per actor, one image per VAE decode",
         f"counts: rollout workers {t.workers.count} -> {workers}, learner ranks "
         f"{t.learner.count} -> {learners}, reward replicas {t.reward.job_replicas()} -> "
         f"{replicas} (at most {MAX_ACTORS} each); per-actor sizes are the recipe's",

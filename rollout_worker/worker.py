@@ -79,7 +79,6 @@ class _PartClock:
 class RolloutWorkerCore:
     def __init__(self, cfg: G2RPOConfig, worker: int) -> None:
         torch.set_num_threads(cfg.train.threads)
-        torch.backends.mkldnn.enabled = cfg.train.onednn  # process-wide: this actor's own
         self.cfg, self.worker = cfg, worker
         if cfg.model.pretrained is None:
             raise ConfigError("model.pretrained: a local pipeline directory is needed for training")
