@@ -21,10 +21,10 @@ SMALL_RUN = [
     "train.checkpoints.every=1",
     "optim.lr=1e-4",
     "rewards=[{name: shapes_clip}]",
-    # .ci/run's three pytest processes start together on 2 cores: a run's actors then
-    # import torch beside a dozen other processes, and the first run's took over the
-    # tiny world's scaled 120 s once (CI, 2026-11-28). A bound: a start or a restart
-    # that succeeds is waited for only as long as it takes
+    # .ci/run's pytest processes start together on 2 cores: a run's actors then import
+    # torch beside many other processes, and with three processes the first run's took
+    # over the tiny world's scaled 120 s once (CI, 2026-11-28). A bound: a start or a
+    # restart that succeeds is waited for only as long as it takes
     "train.workers.start_timeout_s=600",
 ]
 
