@@ -27,8 +27,9 @@ def machine_busy_s() -> float:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    cpu, wall = machine_busy_s(), time.monotonic()
+    cpu, wall, start = machine_busy_s(), time.monotonic(), time.time()
     yield
-    row = {"test": item.nodeid, "wall": time.monotonic() - wall, "cpu": machine_busy_s() - cpu}
+    row = {"test": item.nodeid, "start": start, "wall": time.monotonic() - wall}
+    row["cpu"] = machine_busy_s() - cpu
     with open(os.environ.get("CPU_PER_TEST_OUT", "cpu_per_test.jsonl"), "a") as out:
         out.write(json.dumps(row) + "\n")
