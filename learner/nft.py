@@ -13,8 +13,8 @@ them after each update: θ_old ← λ·θ_old + (1−λ)·θ, λ from the optimi
 
 AWM (Advantage Weighted Matching, arXiv 2509.25050) shares the seam: the same clean
 samples and old copy (its EMA-KL adapter), a different per-pair term (``awm_loss``) at
-stratified grid times. Pure torch; the learner core (``trainer.py``) calls
-``forward_core_update``.
+stratified grid times. Pure torch; ``forward_process.ForwardProcess`` is the objective
+the learner core calls.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import torch
 
 from ..common.schedules import SamplingGrid
 from ..common.sde import x0_prediction
-from ..common.seeds import seed_for
 from .distributed import SINGLE, RankShare, gather_objects, sum_gradients, total_norm
 
 OldDecay = str  # "linear_to_0_5" | "delayed_linear_to_0_999" | "linear_to_0_3" | "copy"
@@ -245,73 +244,3 @@ def forward_process_update(
         "nfe_learn_no_grad": no_grad,
         "forward_pairs": pairs,
     }
-
-
-def forward_core_update(core, batches, adv: torch.Tensor, lag: int) -> dict:
-    """A learner core's (``trainer.LearnerCore``) DiffusionNFT or AWM update on the
-    batches' clean samples, then the old velocity's soft update; the core's version and
-    iteration advance as after a GRPO update."""
-    from .trainer import merge
-
-    latents, prompts, offset = [], [], 0
-    for b in batches:
-        if b.leaf_latents is None:
-            raise ValueError(
-                f"algorithm.name {core.cfg.algorithm.name} needs the rollout's clean latents"
-            )
-        idx = b.plan.leaf_indices("sample")  # plan order = the advantages' [P, G] order
-        latents.append(b.leaf_latents[idx])
-        prompts.append(torch.tensor([b.plan.leaves[i].prompt + offset for i in idx]))
-        offset += b.plan.num_prompts
-    _, cond = merge(batches)
-    device = torch.device(core.cfg.model.device)
-    cond = {k: v.to(device) for k, v in cond.items()}
-    o, nft = core.cfg.optim, core.cfg.algorithm.nft
-    gen = torch.Generator().manual_seed(seed_for(core.cfg.run.seed, core.iteration, 0, 2))
-    x0s, rows_prompt = torch.cat(latents), torch.cat(prompts)
-    n, steps = x0s.shape[0], core.cfg.sampling.num_steps
-    if core.cfg.algorithm.name == "awm":
-        awm = core.cfg.algorithm.awm
-        low = 1 if awm.strata_from == "after_noise" else 0
-        pair_steps = stratified_steps(n, low, steps - 2, awm.timesteps, gen)
-        weight = adv.clamp(-o.adv_clip, o.adv_clip) / o.adv_clip  # A in [-1, 1]
-
-        def term(v_theta, v_old, x_t, x0, eps, t, s_rows):
-            return awm_loss(v_theta, x0, eps, t, weight[s_rows].to(v_theta.device), awm.power)
-
-        old_kl, decay = awm.ema_kl, awm.ema_decay
-    else:
-        pair_steps = grid_permutation_steps(n, steps, nft.timesteps or steps - 1, gen)
-        r = nft_reward_weight(adv.double(), o.adv_clip).float()
-
-        def term(v_theta, v_old, x_t, x0, eps, t, s_rows):
-            return nft_loss(
-                v_theta, v_old, x_t, x0, t, r[s_rows].to(v_theta.device), nft.beta, o.adv_clip
-            )
-
-        old_kl, decay = 0.0, nft.old_decay
-    stats = forward_process_update(
-        core.velocity,
-        core.trainable,
-        core.optimizer,
-        core.old,
-        x0s,
-        rows_prompt,
-        cond,
-        core.spec.grid,
-        pair_steps,
-        gen,
-        term,
-        max_grad_norm=o.max_grad_norm,
-        max_batch=core.cfg.train.learner.max_batch,
-        reference=core.reference,
-        kl_beta=core.kl_beta,
-        old_kl=old_kl,
-        share=core.share,
-    )
-    core.optimizer_steps += stats["optimizer_steps"]
-    core.old.soft_update(old_decay(core.optimizer_steps, decay))
-    core.version += 1
-    core.iteration += 1
-    stats.update({"weight_lag": lag, "adv_abs_mean": float(adv.abs().mean())})
-    return stats

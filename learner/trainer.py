@@ -8,7 +8,6 @@ from pathlib import Path
 
 import torch
 
-from ..common.advantages import advantage_shares
 from ..common.config import G2RPOConfig
 from ..common.config_algorithm import FORWARD_PROCESS
 from ..common.errors import ConfigError, RunDirError
@@ -20,9 +19,9 @@ from ..common.paths import resolve_path
 from ..common.schedules import sampling_grid
 from ..common.sde import noise_step_weights
 from ..common.seeds import seed_for
-from ..common.trajectories import Trajectories, Transitions, adv_slot_offsets
+from ..common.trajectories import Trajectories
 from ..common.weights import weights_checksum
-from .advantages import plan_advantages, plan_reward_terms
+from .advantages import plan_advantages
 from .checkpoints import (
     full_weights,
     is_sharded_checkpoint,
@@ -32,10 +31,11 @@ from .checkpoints import (
     save_sharded,
 )
 from .distributed import SINGLE, RankShare, checkpoint_group, shard_transformer
-from .grpo import StepSpec, grpo_update
-from .nft import OldPolicy, forward_core_update
+from .forward_process import ForwardProcess
+from .grpo import StepSpec
+from .objective import LearnerParts, Objective
 from .optimizer import adamw, keep_kernel
-from .tree_pruning import chain_of_slot, width_pruned_rows
+from .policy_gradient import PolicyGradient
 
 
 def trained_state(
@@ -65,44 +65,6 @@ def in_rollout_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype):
 
 class StaleTrajectories(RuntimeError):
     """Trajectories sampled with weights older than the staleness bound allows."""
-
-
-def merge(batches: list[Trajectories]) -> tuple[Transitions, dict[str, torch.Tensor]]:
-    """Concatenate workers' transitions, re-indexing states, prompts and advantage slots."""
-    parts, conds = [], []
-    s_off = p_off = 0
-    for b, a_off in zip(batches, adv_slot_offsets(batches), strict=True):
-        t = b.transitions
-        parts.append(
-            Transitions(
-                states=t.states,
-                state_step=t.state_step,
-                state_prompt=t.state_prompt + p_off,
-                next_samples=t.next_samples,
-                next_step=t.next_step,
-                old_log_probs=t.old_log_probs,
-                state_index=t.state_index + s_off,
-                adv_slot=t.adv_slot + a_off,
-                old_means=t.old_means,
-                noise_scale=t.noise_scale,
-            )
-        )
-        conds.append(b.cond)
-        s_off += t.states.shape[0]
-        p_off += b.plan.num_prompts
-
-    def cat(name):
-        tensors = [getattr(p, name) for p in parts]
-        if name == "noise_scale" and any(t is not None for t in tensors):  # None: all 1
-            tensors = [
-                torch.ones(len(p), dtype=torch.float64) if t is None else t
-                for p, t in zip(parts, tensors, strict=True)
-            ]
-        return None if any(t is None for t in tensors) else torch.cat(tensors)
-
-    merged = Transitions(**{f: cat(f) for f in Transitions.__dataclass_fields__})
-    cond = {k: torch.cat([c[k] for c in conds]) for k in conds[0]}
-    return merged, cond
 
 
 def uses_process_group(cfg: G2RPOConfig) -> bool:
@@ -226,9 +188,12 @@ class LearnerCore:
         if self.sharded:
             self._shard()
         self.trainable = [p for p in self.transformer.parameters() if p.requires_grad]
-        # DiffusionNFT's old velocity, AWM's EMA-KL one: a copy of the trained weights
-        self.old = OldPolicy(self.trainable) if cfg.algorithm.name in FORWARD_PROCESS else None
-        self.optimizer_steps = 0
+        # DiffusionNFT's and AWM's objective keeps an old copy of the trained weights
+        self.objective: Objective = (
+            ForwardProcess(self.trainable)
+            if cfg.algorithm.name in FORWARD_PROCESS
+            else PolicyGradient()
+        )
         o = cfg.optim
         self.optimizer = adamw(self.trainable, o, cfg.model.device)
         sde_type = cfg.sde_type()
@@ -325,64 +290,20 @@ class LearnerCore:
             plan_advantages(b.plan, {n: b.leaf_rewards[n] for n in weights}, self.cfg, control)
             for b in batches
         ]
-        if self.old is not None:
-            return forward_core_update(self, batches, torch.cat(advs), lag)
-        transitions, cond = merge(batches)
-        adv = torch.cat(advs)
-        branch = self.cfg.algorithm.branchgrpo
-        if (
-            self.cfg.algorithm.name == "branchgrpo"
-            and branch.width_pruning != "off"
-            and self.cfg.branch_pruning_active(self.iteration)
-        ):
-            chains = chain_of_slot(batches, max(branch.split_steps))
-            chain = torch.tensor([chains.get(int(s), -1) for s in transitions.adv_slot])
-            kept = width_pruned_rows(
-                chain, adv[transitions.adv_slot], branch.width_pruning, branch.width_pruning_ratio
-            )
-            transitions = transitions.select(kept)
-        # trajectories arrive on the CPU and stay there: each chunk's states move to the
-        # device when recomputed (a whole iteration's would cost GiBs on every rank);
-        # the conditioning is small and every chunk indexes it
-        device = torch.device(self.cfg.model.device)
-        cond = {k: v.to(device) for k, v in cond.items()}
-        o = self.cfg.optim
-        stats = grpo_update(
-            self.velocity,
-            self.trainable,
-            self.optimizer,
-            transitions,
-            adv,
-            cond,
-            self.spec,
-            clip_range=o.clip_range,
-            max_grad_norm=o.max_grad_norm,
-            step_mode=o.step_mode,
-            samples_per_step=o.samples_per_step,
-            reference_model=self.reference,
+        parts = LearnerParts(
+            cfg=self.cfg,
+            velocity=self.velocity,
+            trainable=self.trainable,
+            optimizer=self.optimizer,
+            spec=self.spec,
+            reference=self.reference,
             kl_beta=self.kl_beta,
             share=self.share,
-            max_batch=self.cfg.train.learner.max_batch,
-        ).as_dict()
+            iteration=self.iteration,
+        )
+        stats = self.objective.update(parts, batches, torch.cat(advs), lag)
         self.version += 1
         self.iteration += 1
-        terms = [
-            plan_reward_terms(b.plan, {n: b.leaf_rewards[n] for n in weights}, self.cfg)
-            for b in batches
-        ]
-        shares = advantage_shares({n: torch.cat([t[n].flatten() for t in terms]) for n in weights})
-        stats.update({f"adv_share/{n}": share for n, share in shares.items()})
-        stats["weight_lag"] = lag
-        stats.update(
-            {
-                "adv_abs_mean": float(adv.abs().mean()),
-                "adv_std": float(adv.std()),
-                "adv_clipped_frac": float((adv.abs() >= o.adv_clip).double().mean()),
-                # transitions that train nothing: every method's advantage is exactly 0
-                # where a group's rewards are all equal (common with a 0/1 reward)
-                "adv_zero_frac": float((adv == 0).double().mean()),
-            }
-        )
         return stats
 
     def state_dict(self) -> dict:
@@ -393,9 +314,7 @@ class LearnerCore:
             "version": self.version,
             "iteration": self.iteration,
         }
-        if self.old is not None:
-            state["nft_old"] = self.old.state()
-            state["optimizer_steps"] = self.optimizer_steps
+        state.update(self.objective.state())
         return state
 
     def save(self, path: str) -> None:
@@ -450,9 +369,7 @@ class LearnerCore:
         keep_kernel(self.optimizer, self.cfg.optim, self.cfg.model.device)
         self.version = state["version"]
         self.iteration = state["iteration"]
-        if self.old is not None:
-            self.old.load(state["nft_old"])
-            self.optimizer_steps = state["optimizer_steps"]
+        self.objective.load(state)
 
     def export(self, directory: str) -> str | None:
         """Final weights in diffusers layouts: ``pytorch_lora_weights.safetensors``

@@ -11,7 +11,7 @@ from ..common.trajectories import Trajectories, adv_slot_offsets
 
 
 def chain_of_slot(batches: list[Trajectories], last_split: int) -> dict[int, int]:
-    """Advantage slot (as ``trainer.merge`` offsets them) → the chain it lies on, for
+    """Advantage slot (as ``batches.merge`` offsets them) → the chain it lies on, for
     every trained edge leaving a step after ``last_split``; a chain is one sample leaf."""
     chains: dict[int, int] = {}
     chain = 0

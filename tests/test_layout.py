@@ -161,3 +161,76 @@ def test_the_design_module_map_names_every_module_and_no_other():
     }
     assert sorted(actual - named) == [], "modules missing from docs/design.md's module map"
     assert sorted(named - actual) == [], "docs/design.md names modules that do not exist"
+
+
+def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """g2rpo's module → the g2rpo modules it imports (at module level or inside a
+    function: an import deferred into a function is still a cycle a reader must hold)."""
+
+    def name_of(path: Path) -> str:
+        rel = path.relative_to(root).with_suffix("").parts
+        parts = list(rel[1:]) if rel[0] == TOP else list(rel)
+        return ".".join(["g2rpo", *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+    modules = {
+        name_of(p): p
+        for f in FOLDERS
+        for p in sorted(q for q in (root / f).rglob("*.py") if "__pycache__" not in q.parts)
+    }
+
+    def imports(name: str, path: Path) -> set[str]:
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - (node.level - 1)] if node.level else []
+                target = ".".join(base + (node.module.split(".") if node.module else []))
+                for alias in node.names:  # a module itself, or a name from one
+                    full = f"{target}.{alias.name}"
+                    found.add(full if full in modules else target)
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        return (found & modules.keys()) - {name}
+
+    return {name: imports(name, path) for name, path in modules.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module."""
+    order, low, stack, cycles = {}, {}, [], []
+
+    def visit(v: str) -> None:  # Tarjan's
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            component = stack[stack.index(v) :]
+            del stack[stack.index(v) :]
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return cycles
+
+
+def test_no_module_imports_itself_through_others():
+    """Within a folder too: the learner core and an objective family once imported each
+    other (trainer's ``merge`` one way, nft's update the other, issue 45)."""
+    assert import_cycles(module_graph()) == []
+
+
+def test_the_cycle_checker_finds_a_deferred_import(tmp_path):
+    (tmp_path / "learner").mkdir()
+    (tmp_path / "learner" / "core.py").write_text("from .family import update\n")
+    (tmp_path / "learner" / "family.py").write_text("def f():\n    from .core import merge\n")
+    (tmp_path / "learner" / "alone.py").write_text("from . import family\n")
+    graph = module_graph(tmp_path)
+    assert graph["g2rpo.learner.alone"] == {"g2rpo.learner.family"}
+    assert import_cycles(graph) == [["g2rpo.learner.core", "g2rpo.learner.family"]]

@@ -163,10 +163,12 @@ def test_two_rank_update_equals_one_rank_update(group_of, world, mode, tmp_path)
     assert _max_diff(_published(group), after_one) == 0.0
 
     if mode == "nft":  # the old copy came through both ways: the next update agrees
-        assert alone.optimizer_steps == one.optimizer_steps == 1
+        assert alone.objective.optimizer_steps == one.objective.optimizer_steps == 1
         written = torch.load(shards, weights_only=False)["nft_old"]  # by the group's rank 0
-        assert len(written) == len(alone.old.weights) == len(one.old.weights)
-        for w, a, b in zip(written, alone.old.weights, one.old.weights, strict=True):
+        assert len(written) == len(alone.objective.old.weights) == len(one.objective.old.weights)
+        for w, a, b in zip(
+            written, alone.objective.old.weights, one.objective.old.weights, strict=True
+        ):
             assert torch.equal(w, a) and float((a - b).abs().max()) <= 1e-5
         _equal_updates(one, group, [dataclasses.replace(b, version=1) for b in batches])
     if mode == "full":  # both at v1 with the same optimizer state: the padding update

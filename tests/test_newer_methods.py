@@ -553,19 +553,19 @@ def test_nft_plan_and_a_learner_update_with_its_old_policy_checkpointed():
     batch = _world_rollout(cfg)
     assert batch.leaf_latents is not None and len(batch.transitions) == 0
     learner = LearnerCore(cfg)
-    before = [w.clone() for w in learner.old.weights]
+    before = [w.clone() for w in learner.objective.old.weights]
     stats = learner.update([batch])
     assert stats["nfe_learn"] == 6 * 5 * 3 and stats["transitions"] == 6
     # of each pair's three forwards only the trained velocity's has a backward
     assert stats["nfe_learn_no_grad"] == 6 * 5 * 2
     lam = 0.001  # one optimizer step: min(0.001·1, 0.5)
-    for w, b, p in zip(learner.old.weights, before, learner.trainable, strict=True):
+    for w, b, p in zip(learner.objective.old.weights, before, learner.trainable, strict=True):
         torch.testing.assert_close(w, lam * b + (1 - lam) * p.detach())
     again = LearnerCore(cfg)
     again.load_state_dict(learner.state_dict())
-    for a, b in zip(again.old.weights, learner.old.weights, strict=True):
+    for a, b in zip(again.objective.old.weights, learner.objective.old.weights, strict=True):
         assert torch.equal(a, b)
-    assert again.optimizer_steps == 1
+    assert again.objective.optimizer_steps == 1
     with pytest.raises(ConfigError, match=r"train\.learner\.count 2 needs model\.lora"):
         load_config(None, ["algorithm.name=nft", "train.learner.count=2"])
     with pytest.raises(ConfigError, match=r"awm runs on unsharded.*model\.mixed_precision"):
