@@ -13,7 +13,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .config_algorithm import AlgorithmConfig, OptimConfig, check_method
-from .config_train import Section, TrainConfig
+from .config_train import Section, TrainConfig, colocated_problem
 from .errors import ConfigError
 from .paths import config_candidates, find_config
 
@@ -277,6 +277,13 @@ class G2RPOConfig(Section):
                     "get two ranks on one GPU, which NCCL refuses; give them whole GPUs or "
                     "use train.weights.transport: object_store"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _colocated_layout(self) -> G2RPOConfig:
+        problem = colocated_problem(self.train)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

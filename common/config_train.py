@@ -275,6 +275,14 @@ class TrainConfig(Section):
         description="torch CPU threads in each rollout worker, evaluator, learner rank and "
         "the run's own reward replicas",
     )
+    placement: Literal["disaggregated", "colocated"] = Field(
+        "disaggregated",
+        description="where the rollout workers and learner ranks run: disaggregated (each on "
+        "resources of its own; the learner ranks in a placement group of whole GPUs) or "
+        "colocated (one placement bundle per learner rank holding rank i and rollout worker i "
+        "on one GPU, which they take in turns: the rollout, then the update; "
+        "train.workers.count = train.learner.count, train.weights.staleness 0)",
+    )
     placement_timeout_s: float = Field(
         600.0, gt=0, description="fail when an actor is not placed by then (names the request)"
     )
@@ -326,3 +334,36 @@ class TrainConfig(Section):
         if self.eval.on_actor:
             kinds["train.eval"] = self.eval
         return kinds
+
+
+def colocated_problem(t: TrainConfig) -> str | None:
+    """Why ``t`` cannot run colocated (None when it can, or is disaggregated). A colocated
+    bundle is one GPU that learner rank i and rollout worker i take in turns, so: as many
+    workers as ranks; no rollout beside the update (staleness 0); no weight broadcast,
+    whose NCCL group would hold rank 0 and worker 0 on one GPU; their shares within the
+    bundle's one GPU."""
+    if t.placement != "colocated":
+        return None
+    w, r = t.workers, t.learner
+    if w.count != r.count:
+        return (
+            "train.placement colocated pairs rollout worker i with learner rank i on one GPU: "
+            f"train.workers.count {w.count} and train.learner.count {r.count} must be equal"
+        )
+    if t.weights.staleness != 0:
+        return (
+            "train.placement colocated takes turns on each GPU (the rollout, then the update): "
+            f"train.weights.staleness must be 0, got {t.weights.staleness}"
+        )
+    if t.weights.transport == "collective":
+        return (
+            "train.placement colocated with train.weights.transport collective would put "
+            "learner rank 0 and rollout worker 0, two ranks of the broadcast's NCCL group, on "
+            "one GPU, which NCCL refuses: use train.weights.transport object_store"
+        )
+    if w.num_gpus + r.num_gpus > 1:
+        return (
+            f"train.placement colocated: train.workers.num_gpus {w.num_gpus:g} + "
+            f"train.learner.num_gpus {r.num_gpus:g} exceed the one GPU a bundle holds"
+        )
+    return None

@@ -22,6 +22,8 @@ def where_am_i() -> dict:
         "node_ip": ray.util.get_node_ip_address(),
         "pid": os.getpid(),
         "resources": {k: v for k, v in ctx.get_assigned_resources().items() if v},
+        # which GPUs (Ray's ids; declared ones too): a colocated pair shares one
+        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
         "torch_threads": torch.get_num_threads(),
         # ru_maxrss is in KiB on Linux
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -147,6 +147,9 @@ def start_actors(
     reward_opts = t.ray_options(t.reward)
     actors = RunActors()
     workers, kept = new_rollout_workers, None
+    colocated = t.placement == "colocated"
+    if colocated:
+        warm = None  # kept actors were placed outside any run's bundles
     if warm is not None:
         warm.start_run()
         workers = warm.rollout_workers
@@ -168,7 +171,13 @@ def start_actors(
             actors.learner_pg = learner_placement_group(cfg)
             wait_group_placed(actors.learner_pg, cfg, t.placement_timeout_s)
             actors.learner = new_learner_group(cfg, learner_opts, actors.learner_pg)
-        actors.workers = workers(cfg_dict, list(range(t.workers.count)), worker_opts)
+        if colocated:  # rollout worker i in bundle i, beside learner rank i
+            actors.workers = [
+                new_rollout_workers(cfg_dict, [i], in_bundle(worker_opts, actors.learner_pg, i))[0]
+                for i in range(t.workers.count)
+            ]
+        else:
+            actors.workers = workers(cfg_dict, list(range(t.workers.count)), worker_opts)
         groups = []
         if t.eval.on_actor:  # a worker of its own that only evaluates (index -1: no rollouts)
             (actors.evaluator,) = workers(cfg_dict, [-1], eval_opts)

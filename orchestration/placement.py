@@ -91,9 +91,21 @@ def learner_bundles(cfg: G2RPOConfig) -> list[dict[str, float]]:
     """One Ray bundle per learner rank: its CPUs, custom resources and GPUs. With
     several ranks each bundle reserves whole GPUs (a rank asking 0.5 still gets a GPU
     no other rank of its group can be given: NCCL refuses two ranks on one device);
-    a single learner reserves just its share, so it may pack beside other actors."""
-    learner = cfg.train.learner
-    bundle = {"CPU": learner.num_cpus, "GPU": learner.reserved_gpus(), **learner.resources}
+    a single learner reserves just its share, so it may pack beside other actors.
+    Colocated (``train.placement``), bundle i also holds rollout worker i: both kinds'
+    CPUs and custom resources, and one whole GPU when either asks for a share of one
+    (Ray gives the two that same GPU, and no other bundle's rank can have it)."""
+    t = cfg.train
+    learner = t.learner
+    if t.placement == "colocated":
+        w = t.workers
+        custom = dict(learner.resources)
+        for name, amount in w.resources.items():
+            custom[name] = custom.get(name, 0.0) + amount
+        gpu = 1.0 if learner.num_gpus + w.num_gpus > 0 else 0.0
+        bundle = {"CPU": learner.num_cpus + w.num_cpus, "GPU": gpu, **custom}
+    else:
+        bundle = {"CPU": learner.num_cpus, "GPU": learner.reserved_gpus(), **learner.resources}
     bundle = {name: float(amount) for name, amount in bundle.items() if amount > 0}
     # a bundle cannot be empty: a learner asking for nothing still holds a sliver of CPU
     return [bundle or {"CPU": 0.001} for _ in range(learner.count)]
@@ -134,8 +146,13 @@ def wait_group_placed(pg, cfg: G2RPOConfig, timeout_s: float) -> None:
         if n.get("Alive") and n["Resources"].get("CPU", 0) + n["Resources"].get("GPU", 0) > 0
     ]
     ray.util.remove_placement_group(pg)
+    whose = (
+        "train.learner and train.workers, train.placement colocated"
+        if cfg.train.placement == "colocated"
+        else "train.learner"
+    )
     raise PlacementError(
-        f"train.learner: {len(bundles)} bundles of {bundles[0]} ({strategy}, "
+        f"{whose}: {len(bundles)} bundles of {bundles[0]} ({strategy}, "
         "train.learner.placement_strategy) were not placed within "
         f"train.placement_timeout_s={timeout_s:g}s"
         + (

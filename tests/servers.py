@@ -33,14 +33,20 @@ def start_local_ray() -> None:
     """The tests' local Ray in this process: 16 CPUs (a run's 2 rollout workers, up to
     2 learners, the job's reward replicas and the evaluator, 1 each; the actors
     conftest's ``warm`` keeps between runs; the `g2rpo train` processes that join
-    it, two of them at once for `g2rpo compare`), no dashboard, no worker logs, no
-    auth. Started by ``ray.init`` (not ``ray start``), so it leaves no address file
-    behind: a ``g2rpo train`` process a test starts gets a Ray of its own."""
+    it, two of them at once for `g2rpo compare`), 4 GPUs it does not have (declared:
+    the colocated layout's bundles get GPU ids, tests/test_colocated.py; the models
+    stay on the CPU), no dashboard, no worker logs, no auth. Started by ``ray.init``
+    (not ``ray start``), so it leaves no address file behind: a ``g2rpo train``
+    process a test starts gets a Ray of its own."""
     import ray
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
     ray.init(
-        num_cpus=16, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20
+        num_cpus=16,
+        num_gpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=256 * 2**20,
     )
 
 
