@@ -86,12 +86,21 @@ class Learner(WeightGroupMember):
         t0 = time.perf_counter()
         published = self.core.weights()
         if published is None:
+            self._step_aside()
             return None
         version, state, checksum = published
         # one object per version, shared by all workers (a LoRA run: the adapters only)
         ref = ray.put(state)
+        self._step_aside()
         seconds = time.perf_counter() - t0
         return PublishedWeights(version, checksum, state_nbytes(state), seconds, ref=ref)
+
+    def _step_aside(self) -> None:
+        """Colocated (train.placement): once a version is published the rollout has the
+        GPU this rank shares with its worker, so the core's state goes to the host until
+        the next update."""
+        if self.cfg.train.placement == "colocated":
+            self.core.offload()
 
     def placement(self) -> dict:
         from ..common.placement import where_am_i

@@ -108,3 +108,6 @@ class ForwardProcess:
     def load(self, state: dict) -> None:
         self.old.load(state["nft_old"])
         self.optimizer_steps = state["optimizer_steps"]
+
+    def to(self, device: torch.device) -> None:
+        self.old.to(device)

@@ -105,6 +105,10 @@ class OldPolicy:
         for p, w in zip(self.params, self.weights, strict=True):
             w.mul_(lam).add_(p.detach(), alpha=1.0 - lam)
 
+    @torch.no_grad()
+    def to(self, device: torch.device) -> None:
+        self.weights = [w.to(device) for w in self.weights]
+
     def state(self) -> list[torch.Tensor]:
         return [w.detach().cpu().clone() for w in self.weights]
 

@@ -46,3 +46,7 @@ class Objective(Protocol):
 
     def load(self, state: dict) -> None:
         """Back from a checkpoint's ``state()`` keys."""
+
+    def to(self, device: torch.device) -> None:
+        """Whatever the objective keeps on the device, to ``device`` (colocated
+        time-sharing: the host while the rollout has the GPU)."""

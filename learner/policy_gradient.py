@@ -83,3 +83,6 @@ class PolicyGradient:
 
     def load(self, state: dict) -> None:
         pass
+
+    def to(self, device: torch.device) -> None:
+        pass

@@ -19,6 +19,7 @@ from ..common.paths import resolve_path
 from ..common.schedules import sampling_grid
 from ..common.sde import noise_step_weights
 from ..common.seeds import seed_for
+from ..common.time_sharing import empty_device_cache, move_module, move_optimizer_state
 from ..common.trajectories import Trajectories
 from ..common.weights import weights_checksum
 from .advantages import plan_advantages
@@ -215,6 +216,7 @@ class LearnerCore:
         )
         self.version = 0
         self.iteration = 0
+        self.offloaded = False  # offload(): kept on the host while the rollout has the GPU
 
     def _shard(self) -> None:
         """FSDP2 over the policy (and the KL reference): shard, then fill the shards
@@ -251,9 +253,43 @@ class LearnerCore:
 
         return self._velocity_of(copy.deepcopy(self.transformer).eval().requires_grad_(False))
 
+    def _held_modules(self) -> list[torch.nn.Module]:
+        """The modules whose weights this core keeps: the trained transformer and a full
+        fine-tune's frozen KL reference (a LoRA reference is the same transformer)."""
+        modules = [self.transformer]
+        if self.reference is not None and not self.lora:
+            modules.append(self.reference.transformer)
+        return modules
+
+    def _move_to(self, device: torch.device) -> None:
+        for module in self._held_modules():  # parameters, gradients and buffers
+            move_module(module, device)  # (FSDP2's sharded ones too: FSDPModule._apply)
+        move_optimizer_state(self.optimizer, device)
+        self.objective.to(device)
+
+    def offload(self) -> None:
+        """Colocated time-sharing (``train.placement``): everything this core keeps on
+        the device (weights, gradients, optimizer moments, the KL reference, an objective's
+        own copy) moves to the host and the device's cached blocks are freed, so the rollout
+        worker beside it has the GPU; the next call that computes brings it back."""
+        device = torch.device(self.cfg.model.device)
+        if device.type == "cpu" or self.offloaded:
+            return
+        self._move_to(torch.device("cpu"))
+        self.offloaded = True
+        empty_device_cache(device)
+
+    def resident(self) -> None:
+        """Back on ``model.device`` after ``offload`` (a no-op otherwise): called by every
+        method that computes or gathers."""
+        if self.offloaded:
+            self._move_to(torch.device(self.cfg.model.device))
+            self.offloaded = False
+
     def trained_state(self) -> dict[str, torch.Tensor]:
         """What the learner publishes and checkpoints; in an FSDP group every rank
         must call (the weights are gathered) and only rank 0 gets them."""
+        self.resident()
         if self.sharded:
             return full_weights(self.transformer)
         return trained_state(self.transformer, self.lora)
@@ -262,6 +298,7 @@ class LearnerCore:
         """(version, state, checksum) of the weights rollout workers load, in
         ``model.rollout_weights_dtype``; None on ranks other than 0 (which copy
         nothing unless the weights are sharded, where every rank gathers)."""
+        self.resident()
         dtype = getattr(torch, self.cfg.model.rollout_weights_dtype)
         if self.sharded:
             # each rank casts its shards on its device, then they are gathered
@@ -275,6 +312,7 @@ class LearnerCore:
         return self.version, state, weights_checksum(state)
 
     def update(self, batches: list[Trajectories]) -> dict:
+        self.resident()
         bound = self.cfg.train.weights.staleness
         for b in batches:
             if self.version - b.version > bound:
@@ -320,6 +358,7 @@ class LearnerCore:
     def save(self, path: str) -> None:
         """A sharded group writes its shards (every rank); otherwise rank 0 writes
         one file."""
+        self.resident()
         if self.sharded:
             meta = {"version": self.version, "iteration": self.iteration, "kind": "transformer"}
             save_sharded(self.transformer, self.optimizer, path, meta, checkpoint_group())
@@ -329,6 +368,7 @@ class LearnerCore:
     def load(self, path: str) -> int:
         """Either checkpoint layout into this learner, whatever group wrote it (in a
         sharded group a one-file checkpoint is read by rank 0 and broadcast)."""
+        self.resident()
         if is_sharded_checkpoint(path):
             if self.lora:
                 raise RunDirError(
@@ -375,6 +415,7 @@ class LearnerCore:
         """Final weights in diffusers layouts: ``pytorch_lora_weights.safetensors``
         (``FluxPipeline.load_lora_weights``) or ``transformer/`` (``from_pretrained``).
         Every rank calls; rank 0 writes."""
+        self.resident()
         from ..common.lora import save_lora_weights
 
         full = full_weights(self.transformer) if self.sharded else None

@@ -77,6 +77,8 @@ class RolloutWorker(WeightGroupMember):
         """(RolloutSummary, Trajectories) as two objects: the driver reads the summary,
         the learner ranks fetch the trajectories from this node by reference."""
         batch = self.core.rollout(iteration, prompts, rewards)
+        if self.cfg.train.placement == "colocated":  # the update has the GPU next
+            self.core.offload()
         return batch.summary(), batch
 
     def evaluate(

@@ -17,6 +17,7 @@ from ..common.paths import resolve_path
 from ..common.rollout_plan import RolloutPlan, algorithm_nfe
 from ..common.schedules import sampling_grid
 from ..common.seeds import seed_for
+from ..common.time_sharing import empty_device_cache, move_module
 from ..common.trajectories import Trajectories
 from ..common.weights import load_published
 from ..reward_server.client import RewardClient
@@ -104,6 +105,26 @@ class RolloutWorkerCore:
         self.version, self.checksum = 0, None
         self.client: RewardClient | None = None
         self.client_urls: tuple = ()
+        self.offloaded = False  # offload(): the transformer on the host while the learner computes
+
+    def offload(self) -> None:
+        """Colocated time-sharing (``train.placement``): the transformer's weights to the
+        host and the device's cached blocks freed, so the learner rank beside this
+        worker has the GPU. The text encoders and the VAE stay (a FLUX worker's residue:
+        ~10 GB of T5-XXL and CLIP in bf16). The next sampling brings the weights back; a
+        published version may be loaded into them meanwhile."""
+        device = torch.device(self.cfg.model.device)
+        if device.type == "cpu" or self.offloaded:
+            return
+        move_module(self.comps.transformer, "cpu")
+        self.offloaded = True
+        empty_device_cache(device)
+
+    def resident(self) -> None:
+        """The transformer back on ``model.device`` after ``offload`` (else a no-op)."""
+        if self.offloaded:
+            move_module(self.comps.transformer, self.cfg.model.device)
+            self.offloaded = False
 
     def load_weights(self, version: int, state: dict, checksum: str) -> WeightsLoaded:
         t0 = time.perf_counter()
@@ -136,6 +157,7 @@ class RolloutWorkerCore:
     def _sample(
         self, plan: RolloutPlan, prompts: list[str], gen: torch.Generator, timings=None, rows=None
     ):
+        self.resident()  # the pipeline's device is its transformer's
         return sample_on_pipeline(
             self.comps,
             self.model,

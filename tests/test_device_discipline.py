@@ -113,3 +113,72 @@ def test_rollout_learner_and_evaluators_keep_their_tensors_on_their_devices():
         sampled = sample_fixed_noise(comps, PROMPTS, 7, settings)
         # the same policy, the same noise, the same steps: the same images either way
         np.testing.assert_array_equal(sampled, eval_images)
+
+
+def _learner_tensors(core):
+    """Everything a learner core keeps: weights, buffers, gradients, optimizer state, a
+    forward-process objective's old copy."""
+    for module in core._held_modules():
+        yield from module.parameters()
+        yield from module.buffers()
+        yield from (p.grad for p in module.parameters() if p.grad is not None)
+    for state in core.optimizer.state.values():  # (AdamW's step counter is a CPU scalar)
+        yield from (v for k, v in state.items() if torch.is_tensor(v) and k != "step")
+    old = getattr(core.objective, "old", None)
+    yield from old.weights if old is not None else ()
+
+
+@pytest.mark.parametrize(
+    "method", [["algorithm.name=g2rpo"], ["algorithm.name=nft", "algorithm.nft.timesteps=2"]]
+)
+def test_colocated_time_sharing_leaves_the_waiting_side_nothing_on_the_device(method):
+    """train.placement colocated: while the rollout runs, the learner keeps no bytes on
+    the device; while the update runs, the worker keeps none of its transformer's. The
+    update and the next rollout are those of a learner and a worker that never moved."""
+    from g2rpo.common.config import load_config
+    from g2rpo.common.time_sharing import device_bytes
+    from g2rpo.learner.trainer import LearnerCore
+    from g2rpo.reward_server.scorers.registry import make_scorer
+    from g2rpo.rollout_worker.worker import RolloutWorkerCore
+
+    cfg = load_config(
+        REPO / "configs" / "tiny.yaml",
+        # whole updates in one chunk: the chunking is test_rollout_learner_and_evaluators'
+        [*SMALL, "train.placement=colocated", "train.learner.max_batch=64", *method],
+    )
+    oracle = make_scorer("shapes_oracle")
+
+    def batch_of(worker, iteration):
+        plan, cond, result, images = worker.sample(iteration, PROMPTS)
+        leaf_prompts = [PROMPTS[leaf.prompt] for leaf in plan.leaves]
+        scores = {"shapes_clip": oracle.score(images.numpy(), leaf_prompts)}
+        return worker.trajectories(iteration, PROMPTS, plan, cond, result, scores)
+
+    with on_fake_gpu():
+        shared, still = RolloutWorkerCore(cfg, 0), RolloutWorkerCore(cfg, 0)
+        learner, reference = LearnerCore(cfg), LearnerCore(cfg)
+        published = learner.weights()
+        learner.offload()  # the rollout's turn
+        assert device_bytes(_learner_tensors(learner), NAME) == 0
+        shared.offload()  # as after an update: the version is loaded into the host copy
+        shared.load_weights(*published)
+        still.load_weights(*reference.weights())
+        batch = batch_of(shared, 0)
+        for a, b in zip(_tensors(batch), _tensors(batch_of(still, 0)), strict=True):
+            assert torch.equal(a, b)
+        shared.offload()  # the update's turn
+        assert device_bytes(shared.comps.transformer.parameters(), NAME) == 0
+        for version in (0, 1):  # the second update starts from moments that moved
+            step = dataclasses.replace(batch, version=version)
+            stats, expected = learner.update([step]), reference.update([step])
+            assert all(t.device.type == NAME for t in _learner_tensors(learner))
+            assert {k: v for k, v in stats.items() if not k.startswith("time")} == {
+                k: v for k, v in expected.items() if not k.startswith("time")
+            }
+            learner.offload()
+            assert learner.optimizer.state  # AdamW's moments exist, and are on the host
+            assert device_bytes(_learner_tensors(learner), NAME) == 0
+        for (name, a), (_, b) in zip(
+            learner.trained_state().items(), reference.trained_state().items(), strict=True
+        ):
+            assert torch.equal(a, b), name
