@@ -328,10 +328,42 @@ def reward_replica(cfg: G2RPOConfig) -> ActorPlan:
     )
 
 
+# what a colocated rollout worker keeps on the GPU while its learner rank updates
+# (rollout_worker/worker.py: only the transformer goes to the host)
+WORKER_RESIDUE = ("VAE weights", "CLIP text encoder weights", "T5 encoder weights")
+
+
+def take_turns(worker: ActorPlan, learner: ActorPlan, gpu_memory: int) -> None:
+    """The colocated layout's per-phase budgets: rank i and worker i share one GPU in
+    turns, so each phase's peak is its active side's peak plus what the other leaves on
+    the device. The learner leaves none of its tensors (all go to the host), the worker
+    its text encoders and VAE; the GPU fits when both phases do."""
+    residue = {k: v for k, v in worker.parts.items() if k.startswith(WORKER_RESIDUE)}
+    worker.budget = gpu_memory
+    learner.budget = gpu_memory - sum(residue.values())
+    left = ", ".join(f"{k} {v / GiB:.1f}" for k, v in residue.items())
+    worker.notes.append(
+        "colocated: the rollout phase has the whole GPU (its learner rank waits on the host)"
+    )
+    learner.notes.append(
+        f"colocated: the learn phase has the GPU less the rollout worker's residue ({left} GiB)"
+    )
+    for a in (worker, learner):
+        a.notes.append("plus each process's CUDA context, which this plan does not count")
+
+
 def gpus_asked(cfg: G2RPOConfig) -> float:
     """What the config asks Ray for, in GPUs (compare a recipe's header with it); each
-    rank of a learner group reserves whole GPUs (its placement bundle)."""
+    rank of a learner group reserves whole GPUs (its placement bundle), and a colocated
+    pair one GPU (theirs)."""
     t = cfg.train
+    if t.placement == "colocated":
+        pairs = t.learner.count * (1.0 if t.learner.num_gpus + t.workers.num_gpus > 0 else 0.0)
+        return (
+            pairs
+            + (t.eval.num_gpus if t.eval.on_actor else 0.0)
+            + t.reward.job_replicas() * t.reward.num_gpus
+        )
     return (
         t.workers.count * t.workers.num_gpus
         + t.learner.count * t.learner.reserved_gpus()
@@ -365,6 +397,8 @@ def _plan(cfg: G2RPOConfig, gpu_memory: int) -> Plan:
         if a.actor != "reward replica":
             a.on_gpu = on_gpu
         a.budget = _gb_budget(cfg, a.gpus, gpu_memory)
+    if cfg.train.placement == "colocated":
+        take_turns(actors[0], actors[1], gpu_memory)
     return Plan(
         actors=actors, gpus_asked=gpus_asked(cfg), gpu_memory=gpu_memory, architecture=where
     )

@@ -27,11 +27,17 @@ LORA_LR_MIN = 1e-4
 def gpus_asked(cfg: G2RPOConfig) -> int:
     """Whole GPUs the config asks Ray for: every actor's num_gpus summed (actors with
     fractional shares pack onto shared GPUs; each rank of a learner group holds a whole
-    GPU of its own), rounded up."""
+    GPU of its own; a colocated worker and rank share the one GPU of their bundle),
+    rounded up."""
     t = cfg.train
+    if t.placement == "colocated":
+        pairs = t.learner.count  # each bundle holds one GPU (the configs here ask for it)
+    else:
+        pairs = t.workers.count * t.workers.num_gpus + t.learner.count * (
+            t.learner.num_gpus if t.learner.count == 1 else 1.0
+        )
     total = (
-        t.workers.count * t.workers.num_gpus
-        + t.learner.count * (t.learner.num_gpus if t.learner.count == 1 else 1.0)
+        pairs
         + (t.eval.num_gpus if t.eval.on_actor else 0.0)
         + t.reward.job_replicas() * t.reward.num_gpus
     )
@@ -55,6 +61,17 @@ def test_gpus_asked_counts_every_actor():
     # each of the 16 ranks holds a GPU of its own: sharing one with a worker needs
     # colocated placement, which this layout is not
     assert gpus_asked(shared) == 8 + 16 + 1 + 1
+    # the same pairs colocated: worker i and rank i in bundle i, one GPU each
+    colocated = config_from_dict(
+        {"train": layout},
+        [
+            "train.workers.num_gpus=0.5",
+            "train.learner.count=16",
+            "train.learner.num_gpus=0.5",
+            "train.placement=colocated",
+        ],
+    )
+    assert gpus_asked(colocated) == 16 + 1 + 1
     # the flagship recipe as shipped before: 16 workers, 1 learner, an evaluator, 2 x 0.5
     before = {**layout, "learner": {"num_gpus": 1}}
     assert gpus_asked(config_from_dict({"train": before})) == 19
