@@ -3,6 +3,7 @@ trajectories, run the GRPO update, version and checksum the weights, checkpoint.
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -217,6 +218,7 @@ class LearnerCore:
         self.version = 0
         self.iteration = 0
         self.offloaded = False  # offload(): kept on the host while the rollout has the GPU
+        self.offload_s = 0.0  # the last offload's seconds
 
     def _shard(self) -> None:
         """FSDP2 over the policy (and the KL reference): shard, then fill the shards
@@ -267,24 +269,31 @@ class LearnerCore:
         move_optimizer_state(self.optimizer, device)
         self.objective.to(device)
 
-    def offload(self) -> None:
+    def offload(self) -> float:
         """Colocated time-sharing (``train.placement``): everything this core keeps on
         the device (weights, gradients, optimizer moments, the KL reference, an objective's
         own copy) moves to the host and the device's cached blocks are freed, so the rollout
-        worker beside it has the GPU; the next call that computes brings it back."""
+        worker beside it has the GPU; the next call that computes brings it back. Its
+        seconds (0 when there was nothing to move), also kept for the next update's row."""
         device = torch.device(self.cfg.model.device)
         if device.type == "cpu" or self.offloaded:
-            return
+            return 0.0
+        t0 = time.perf_counter()
         self._move_to(torch.device("cpu"))
         self.offloaded = True
         empty_device_cache(device)
+        self.offload_s = time.perf_counter() - t0
+        return self.offload_s
 
-    def resident(self) -> None:
+    def resident(self) -> float:
         """Back on ``model.device`` after ``offload`` (a no-op otherwise): called by every
-        method that computes or gathers."""
-        if self.offloaded:
-            self._move_to(torch.device(self.cfg.model.device))
-            self.offloaded = False
+        method that computes or gathers. Its seconds."""
+        if not self.offloaded:
+            return 0.0
+        t0 = time.perf_counter()
+        self._move_to(torch.device(self.cfg.model.device))
+        self.offloaded = False
+        return time.perf_counter() - t0
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """What the learner publishes and checkpoints; in an FSDP group every rank
@@ -312,7 +321,7 @@ class LearnerCore:
         return self.version, state, weights_checksum(state)
 
     def update(self, batches: list[Trajectories]) -> dict:
-        self.resident()
+        onload_s = self.resident()
         bound = self.cfg.train.weights.staleness
         for b in batches:
             if self.version - b.version > bound:
@@ -342,6 +351,11 @@ class LearnerCore:
         stats = self.objective.update(parts, batches, torch.cat(advs), lag)
         self.version += 1
         self.iteration += 1
+        if self.cfg.train.placement == "colocated":  # this iteration's two moves
+            stats["time/learner_offload_s"], stats["time/learner_onload_s"] = (
+                self.offload_s,
+                onload_s,
+            )
         return stats
 
     def state_dict(self) -> dict:

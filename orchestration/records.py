@@ -83,7 +83,9 @@ def iteration_row(step, publisher_counters: dict, learner_restarts: int) -> dict
     ``time/<phase>_s`` is the driver's wall time in each phase (``publish`` with
     overlapped iterations includes waiting for the rollout in flight);
     ``time/weight_push_s`` is the push's own work in either mode (rank 0 producing the
-    version + the slowest worker loading it). ``trajectory_bytes`` and
+    version + the slowest worker loading it); colocated (train.placement), the slowest
+    worker's and rank 0's moves of the iteration between device and host
+    (``time/worker_onload_s`` ..., ``time/learner_offload_s`` ...). ``trajectory_bytes`` and
     ``reward_request_bytes`` are the largest a worker sent (to the learner ranks, in
     one scoring request)."""
     weights, summaries = step.weights, step.summaries
@@ -101,6 +103,9 @@ def iteration_row(step, publisher_counters: dict, learner_restarts: int) -> dict
     row["time/weight_push_s"] = weights.push_s
     row["time/rollout_s"] = max(b.timings["rollout_s"] for b in summaries)
     row["time/reward_s"] = max(b.timings["reward_s"] for b in summaries)
+    if all("offload_s" in b.timings for b in summaries):  # colocated: the workers' moves
+        row["time/worker_onload_s"] = max(b.timings["onload_s"] for b in summaries)
+        row["time/worker_offload_s"] = max(b.timings["offload_s"] for b in summaries)
     row["trajectory_bytes"] = max(b.nbytes for b in summaries)
     sent = [b.timings.get("reward_request_bytes") for b in summaries]
     if all(n is not None for n in sent):

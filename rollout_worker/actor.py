@@ -76,9 +76,7 @@ class RolloutWorker(WeightGroupMember):
     def rollout(self, iteration: int, prompts: list[str], rewards: RewardEndpoints):
         """(RolloutSummary, Trajectories) as two objects: the driver reads the summary,
         the learner ranks fetch the trajectories from this node by reference."""
-        batch = self.core.rollout(iteration, prompts, rewards)
-        if self.cfg.train.placement == "colocated":  # the update has the GPU next
-            self.core.offload()
+        batch = self.core.rollout(iteration, prompts, rewards)  # (colocated: then steps aside)
         return batch.summary(), batch
 
     def evaluate(

@@ -107,7 +107,7 @@ class RolloutWorkerCore:
         self.client_urls: tuple = ()
         self.offloaded = False  # offload(): the transformer on the host while the learner computes
 
-    def offload(self) -> None:
+    def offload(self) -> float:
         """Colocated time-sharing (``train.placement``): the transformer's weights to the
         host and the device's cached blocks freed, so the learner rank beside this
         worker has the GPU. The text encoders and the VAE stay (a FLUX worker's residue:
@@ -115,16 +115,22 @@ class RolloutWorkerCore:
         published version may be loaded into them meanwhile."""
         device = torch.device(self.cfg.model.device)
         if device.type == "cpu" or self.offloaded:
-            return
+            return 0.0
+        t0 = time.perf_counter()
         move_module(self.comps.transformer, "cpu")
         self.offloaded = True
         empty_device_cache(device)
+        return time.perf_counter() - t0
 
-    def resident(self) -> None:
-        """The transformer back on ``model.device`` after ``offload`` (else a no-op)."""
-        if self.offloaded:
-            move_module(self.comps.transformer, self.cfg.model.device)
-            self.offloaded = False
+    def resident(self) -> float:
+        """The transformer back on ``model.device`` after ``offload`` (else a no-op);
+        its seconds."""
+        if not self.offloaded:
+            return 0.0
+        t0 = time.perf_counter()
+        move_module(self.comps.transformer, self.cfg.model.device)
+        self.offloaded = False
+        return time.perf_counter() - t0
 
     def load_weights(self, version: int, state: dict, checksum: str) -> WeightsLoaded:
         t0 = time.perf_counter()
@@ -187,6 +193,7 @@ class RolloutWorkerCore:
         return plan, cond, result, images
 
     def rollout(self, iteration: int, prompts: list[str], rewards: RewardEndpoints) -> Trajectories:
+        onload_s = self.resident()  # (its own seconds, not the rollout's)
         t0 = time.perf_counter()
         plan, cond, result, images = self.sample(iteration, prompts)
         t1 = time.perf_counter()
@@ -200,6 +207,14 @@ class RolloutWorkerCore:
         )
         t2 = time.perf_counter()
         sent = client.last_requests
+        timings = {
+            "rollout_s": t1 - t0,
+            "reward_s": t2 - t1,
+            "reward_requests": len(sent),
+            "reward_request_bytes": max((r.body_bytes for r in sent), default=0),
+        }
+        if self.cfg.train.placement == "colocated":  # the update has the GPU next
+            timings.update(onload_s=onload_s, offload_s=self.offload())
         return self.trajectories(
             iteration,
             prompts,
@@ -207,12 +222,7 @@ class RolloutWorkerCore:
             cond,
             result,
             response.scores,
-            timings={
-                "rollout_s": t1 - t0,
-                "reward_s": t2 - t1,
-                "reward_requests": len(sent),
-                "reward_request_bytes": max((r.body_bytes for r in sent), default=0),
-            },
+            timings=timings,
         )
 
     def trajectories(

@@ -111,5 +111,9 @@ def test_colocated_run_keeps_each_pair_on_its_gpu_through_restarts_and_equals_th
     rows = read_metrics(run_dir)
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     assert max(r.get("learner_restarts", 0) for r in rows) == 1
+    moves = {
+        f"time/{side}_{way}_s" for side in ("worker", "learner") for way in ("offload", "onload")
+    }
+    assert all(moves <= r.keys() for r in rows)  # each iteration's (none on a CPU: 0 s)
     assert _strip(rows) == _strip(read_metrics(calm_group_run))
     assert (run_dir / "finished.json").is_file()

@@ -158,7 +158,8 @@ def test_colocated_time_sharing_leaves_the_waiting_side_nothing_on_the_device(me
         shared, still = RolloutWorkerCore(cfg, 0), RolloutWorkerCore(cfg, 0)
         learner, reference = LearnerCore(cfg), LearnerCore(cfg)
         published = learner.weights()
-        learner.offload()  # the rollout's turn
+        assert learner.offload() > 0  # the rollout's turn; its seconds
+        assert learner.offload() == 0.0  # nothing left to move
         assert device_bytes(_learner_tensors(learner), NAME) == 0
         shared.offload()  # as after an update: the version is loaded into the host copy
         shared.load_weights(*published)
@@ -171,6 +172,8 @@ def test_colocated_time_sharing_leaves_the_waiting_side_nothing_on_the_device(me
         for version in (0, 1):  # the second update starts from moments that moved
             step = dataclasses.replace(batch, version=version)
             stats, expected = learner.update([step]), reference.update([step])
+            assert stats.pop("time/learner_offload_s") > 0  # the row's two moves
+            assert stats.pop("time/learner_onload_s") > 0
             assert all(t.device.type == NAME for t in _learner_tensors(learner))
             assert {k: v for k, v in stats.items() if not k.startswith("time")} == {
                 k: v for k, v in expected.items() if not k.startswith("time")
