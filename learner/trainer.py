@@ -3,7 +3,6 @@ trajectories, run the GRPO update, version and checksum the weights, checkpoint.
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from ..common.paths import resolve_path
 from ..common.schedules import sampling_grid
 from ..common.sde import noise_step_weights
 from ..common.seeds import seed_for
-from ..common.time_sharing import empty_device_cache, move_module, move_optimizer_state
+from ..common.time_sharing import DeviceTurn, move_module, move_optimizer_state
 from ..common.trajectories import Trajectories
 from ..common.weights import weights_checksum
 from .advantages import plan_advantages
@@ -217,8 +216,8 @@ class LearnerCore:
         )
         self.version = 0
         self.iteration = 0
-        self.offloaded = False  # offload(): kept on the host while the rollout has the GPU
-        self.offload_s = 0.0  # the last offload's seconds
+        # offload(): kept on the host while the rollout has the GPU
+        self.turn = DeviceTurn(cfg.model.device, self._move_to)
 
     def _shard(self) -> None:
         """FSDP2 over the policy (and the KL reference): shard, then fill the shards
@@ -275,25 +274,12 @@ class LearnerCore:
         own copy) moves to the host and the device's cached blocks are freed, so the rollout
         worker beside it has the GPU; the next call that computes brings it back. Its
         seconds (0 when there was nothing to move), also kept for the next update's row."""
-        device = torch.device(self.cfg.model.device)
-        if device.type == "cpu" or self.offloaded:
-            return 0.0
-        t0 = time.perf_counter()
-        self._move_to(torch.device("cpu"))
-        self.offloaded = True
-        empty_device_cache(device)
-        self.offload_s = time.perf_counter() - t0
-        return self.offload_s
+        return self.turn.offload()
 
     def resident(self) -> float:
         """Back on ``model.device`` after ``offload`` (a no-op otherwise): called by every
         method that computes or gathers. Its seconds."""
-        if not self.offloaded:
-            return 0.0
-        t0 = time.perf_counter()
-        self._move_to(torch.device(self.cfg.model.device))
-        self.offloaded = False
-        return time.perf_counter() - t0
+        return self.turn.resident()
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """What the learner publishes and checkpoints; in an FSDP group every rank
@@ -352,10 +338,8 @@ class LearnerCore:
         self.version += 1
         self.iteration += 1
         if self.cfg.train.placement == "colocated":  # this iteration's two moves
-            stats["time/learner_offload_s"], stats["time/learner_onload_s"] = (
-                self.offload_s,
-                onload_s,
-            )
+            stats["time/learner_offload_s"] = self.turn.offload_s
+            stats["time/learner_onload_s"] = onload_s
         return stats
 
     def state_dict(self) -> dict:

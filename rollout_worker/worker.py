@@ -17,7 +17,7 @@ from ..common.paths import resolve_path
 from ..common.rollout_plan import RolloutPlan, algorithm_nfe
 from ..common.schedules import sampling_grid
 from ..common.seeds import seed_for
-from ..common.time_sharing import empty_device_cache, move_module
+from ..common.time_sharing import DeviceTurn, move_module
 from ..common.trajectories import Trajectories
 from ..common.weights import load_published
 from ..reward_server.client import RewardClient
@@ -105,7 +105,10 @@ class RolloutWorkerCore:
         self.version, self.checksum = 0, None
         self.client: RewardClient | None = None
         self.client_urls: tuple = ()
-        self.offloaded = False  # offload(): the transformer on the host while the learner computes
+        # offload(): the transformer on the host while the learner computes
+        self.turn = DeviceTurn(
+            cfg.model.device, lambda device: move_module(self.comps.transformer, device)
+        )
 
     def offload(self) -> float:
         """Colocated time-sharing (``train.placement``): the transformer's weights to the
@@ -113,24 +116,12 @@ class RolloutWorkerCore:
         worker has the GPU. The text encoders and the VAE stay (a FLUX worker's residue:
         ~10 GB of T5-XXL and CLIP in bf16). The next sampling brings the weights back; a
         published version may be loaded into them meanwhile."""
-        device = torch.device(self.cfg.model.device)
-        if device.type == "cpu" or self.offloaded:
-            return 0.0
-        t0 = time.perf_counter()
-        move_module(self.comps.transformer, "cpu")
-        self.offloaded = True
-        empty_device_cache(device)
-        return time.perf_counter() - t0
+        return self.turn.offload()
 
     def resident(self) -> float:
         """The transformer back on ``model.device`` after ``offload`` (else a no-op);
         its seconds."""
-        if not self.offloaded:
-            return 0.0
-        t0 = time.perf_counter()
-        move_module(self.comps.transformer, self.cfg.model.device)
-        self.offloaded = False
-        return time.perf_counter() - t0
+        return self.turn.resident()
 
     def load_weights(self, version: int, state: dict, checksum: str) -> WeightsLoaded:
         t0 = time.perf_counter()
