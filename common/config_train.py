@@ -324,6 +324,14 @@ class TrainConfig(Section):
             options["runtime_env"] = {"env_vars": dict(self.env_vars)}
         return options
 
+    def bundle_gpus(self) -> float:
+        """GPUs each bundle of the learner group's placement group reserves: a colocated
+        pair's one GPU (when either of them asks for a share of one), else the rank's
+        own (``train.learner`` whole GPUs in a group)."""
+        if self.placement == "colocated":
+            return 1.0 if self.learner.num_gpus + self.workers.num_gpus > 0 else 0.0
+        return self.learner.reserved_gpus()
+
     def actor_kinds(self) -> dict[str, ActorResources]:
         """The model-running actor kinds Ray places, by config path (the evaluator
         only when it is an actor of its own)."""

@@ -102,10 +102,9 @@ def learner_bundles(cfg: G2RPOConfig) -> list[dict[str, float]]:
         custom = dict(learner.resources)
         for name, amount in w.resources.items():
             custom[name] = custom.get(name, 0.0) + amount
-        gpu = 1.0 if learner.num_gpus + w.num_gpus > 0 else 0.0
-        bundle = {"CPU": learner.num_cpus + w.num_cpus, "GPU": gpu, **custom}
+        bundle = {"CPU": learner.num_cpus + w.num_cpus, "GPU": t.bundle_gpus(), **custom}
     else:
-        bundle = {"CPU": learner.num_cpus, "GPU": learner.reserved_gpus(), **learner.resources}
+        bundle = {"CPU": learner.num_cpus, "GPU": t.bundle_gpus(), **learner.resources}
     bundle = {name: float(amount) for name, amount in bundle.items() if amount > 0}
     # a bundle cannot be empty: a learner asking for nothing still holds a sliver of CPU
     return [bundle or {"CPU": 0.001} for _ in range(learner.count)]

@@ -133,14 +133,16 @@ def node_layout(
     spread over ``nodes``, one node able to hold the whole learner group (its
     STRICT_PACK bundles), CPUs and custom resources enough on each for any actor."""
     t = cfg.train
+    # a colocated worker's GPU share lies in its rank's bundle (train.bundle_gpus)
+    worker_gpus = 0.0 if t.placement == "colocated" else t.workers.num_gpus
     counted = [
-        (workers, t.workers.num_cpus, t.workers.num_gpus, t.workers.resources),
-        (learners, t.learner.num_cpus, t.learner.reserved_gpus(), t.learner.resources),
+        (workers, t.workers.num_cpus, worker_gpus, t.workers.resources),
+        (learners, t.learner.num_cpus, t.bundle_gpus(), t.learner.resources),
         (int(t.eval.on_actor), t.eval.num_cpus, t.eval.num_gpus, t.eval.resources),
         (replicas, t.reward.num_cpus, t.reward.num_gpus, t.reward.resources),
     ]
     gpus = sum(n * g for n, _, g, _ in counted)
-    group = learners * t.learner.reserved_gpus() if learners > 1 else 0
+    group = learners * t.bundle_gpus() if learners > 1 else 0
     per_node = max(math.ceil(gpus / nodes - 1e-9), math.ceil(group))
     cpus = max(2, math.ceil(sum(n * c for n, c, _, _ in counted)))
     custom: dict[str, float] = {}

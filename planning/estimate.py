@@ -357,16 +357,11 @@ def gpus_asked(cfg: G2RPOConfig) -> float:
     rank of a learner group reserves whole GPUs (its placement bundle), and a colocated
     pair one GPU (theirs)."""
     t = cfg.train
-    if t.placement == "colocated":
-        pairs = t.learner.count * (1.0 if t.learner.num_gpus + t.workers.num_gpus > 0 else 0.0)
-        return (
-            pairs
-            + (t.eval.num_gpus if t.eval.on_actor else 0.0)
-            + t.reward.job_replicas() * t.reward.num_gpus
-        )
+    # a colocated worker takes its share of its rank's bundle, not GPUs of its own
+    workers = 0.0 if t.placement == "colocated" else t.workers.count * t.workers.num_gpus
     return (
-        t.workers.count * t.workers.num_gpus
-        + t.learner.count * t.learner.reserved_gpus()
+        workers
+        + t.learner.count * t.bundle_gpus()
         + (t.eval.num_gpus if t.eval.on_actor else 0.0)
         + t.reward.job_replicas() * t.reward.num_gpus
     )
