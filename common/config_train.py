@@ -123,7 +123,12 @@ class EvalConfig(ActorResources):
     evaluator actor's (used when ``on_actor`` is true)."""
 
     prompts: str = Field("shapes:held_out", description="'shapes:held_out' or a text file")
-    every: int = Field(5, ge=1, description="evaluate the held-out prompts every N iterations")
+    every: int = Field(
+        5,
+        ge=1,
+        description="evaluate the held-out prompts every N iterations (and the trained "
+        "weights once the run finishes, or a session's last iteration that stops short)",
+    )
     every_nfe: int | None = Field(
         None,
         ge=1,
