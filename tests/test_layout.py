@@ -52,8 +52,8 @@ LAYERS = {
 }
 
 
-def _modules(folder: str) -> list[Path]:
-    return sorted(p for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts)
+def _modules(folder: str, root: Path = ROOT) -> list[Path]:
+    return sorted(p for p in (root / folder).rglob("*.py") if "__pycache__" not in p.parts)
 
 
 def imported_folders(path: Path, root: Path = ROOT) -> set[str]:
@@ -172,11 +172,7 @@ def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
         parts = list(rel[1:]) if rel[0] == TOP else list(rel)
         return ".".join(["g2rpo", *(parts[:-1] if parts[-1] == "__init__" else parts)])
 
-    modules = {
-        name_of(p): p
-        for f in FOLDERS
-        for p in sorted(q for q in (root / f).rglob("*.py") if "__pycache__" not in q.parts)
-    }
+    modules = {name_of(p): p for f in FOLDERS for p in _modules(f, root)}
 
     def imports(name: str, path: Path) -> set[str]:
         package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
