@@ -45,7 +45,9 @@ def trace_shipped_plans(progress: bool = True) -> list[dict]:
 
     from ..common.config import load_config
     from . import trace
+    from .calibration import calibration
     from .check import report
+    from .timing import estimate_time
 
     with tempfile.TemporaryDirectory() as cache:
         # the environment as it was once done (patch.dict restores it)
@@ -53,7 +55,9 @@ def trace_shipped_plans(progress: bool = True) -> list[dict]:
             trace.shipped_traces.cache_clear()
             try:
                 for path, over, gib in tqdm(shipped_plans(), desc="plans", disable=not progress):
-                    report(load_config(path, over), gib)  # the plan and its remedies' plans
+                    cfg = load_config(path, over)
+                    report(cfg, gib)  # the plan and its remedies' plans
+                    estimate_time(cfg, calibration("H200"))  # its FLOP counts
             finally:
                 trace.shipped_traces.cache_clear()
         entries = [json.loads(f.read_text()) for f in sorted(Path(cache).glob("*.json"))]

@@ -1,0 +1,78 @@
+"""FLOPs of the models a run calls, counted on fake tensors.
+
+The same fake-tensor builds as the memory traces (``trace.py``), under torch's flop
+counter instead of its memory tracker: no weights, no arithmetic, only shapes. The
+transformer's count is exact in its depth (each block adds the same FLOPs), so it is
+counted at three small depths and solved for FLUX.1-dev's 19 + 38 blocks, as the
+activation traces are. Results go through the same cache and shipped table.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.flops import count_cpu_attention
+from ..common.flux import FluxVelocity
+from . import trace
+from .trace import _DEPTHS, build_transformer, cached, default_dtype, transformer_inputs
+
+# A scorer's forward per image, FLOPs: 2 x the parameters each token passes through x the
+# tokens (ViT-H-14 at 224²: 257 tokens through 632M vision parameters, plus the prompt's 77
+# through the 354M text tower); BLIP ViT-L for ImageReward. A formula, not a count.
+SCORER_FLOPS = {
+    "hpsv2": 2 * (632e6 * 257 + 354e6 * 77),
+    "pickscore": 2 * (632e6 * 257 + 354e6 * 77),
+    "clip_score": 2 * (632e6 * 257 + 354e6 * 77),
+    "image_reward": 2 * (303e6 * 577 + 110e6 * 35),
+}
+
+
+def _counted(fn) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    count_cpu_attention()
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def _transformer_once(config: dict, layers: int, single: int, latent_hw, text_tokens) -> int:
+    with trace._fake_mode():
+        with default_dtype(torch.bfloat16):
+            model = build_transformer(config, layers, single)
+        model.requires_grad_(False).eval()
+        velocity = FluxVelocity(model, *latent_hw, guidance=3.5, autocast_dtype=None)
+        x, t, cond = transformer_inputs(config, 1, latent_hw, text_tokens)
+        with torch.no_grad():
+            return _counted(lambda: velocity(x, t, cond))
+
+
+def transformer_flops(config: dict, latent_hw: tuple[int, int], text_tokens: int) -> int:
+    """FLOPs of one sample's transformer forward (one NFE) at the config's depth."""
+    arch = {k: v for k, v in config.items() if not k.startswith("_")}
+
+    def compute() -> dict:
+        f11, f21, f12 = (_transformer_once(arch, a, b, latent_hw, text_tokens) for a, b in _DEPTHS)
+        per_double, per_single = f21 - f11, f12 - f11
+        base = f11 - per_double - per_single
+        total = base + per_double * arch["num_layers"] + per_single * arch["num_single_layers"]
+        return {"flops": total}
+
+    key = {"arch": arch, "latent_hw": list(latent_hw), "text_tokens": text_tokens}
+    return int(cached("transformer-flops", key, compute)["flops"])
+
+
+def vae_decode_flops(vae_config: dict, latent_hw: tuple[int, int]) -> int:
+    """FLOPs of decoding one image."""
+    arch = {k: v for k, v in vae_config.items() if not k.startswith("_")}
+
+    def compute() -> dict:
+        from diffusers import AutoencoderKL
+
+        with trace._fake_mode():
+            vae = AutoencoderKL.from_config(arch).eval().requires_grad_(False)
+            z = torch.randn(1, arch["latent_channels"], *latent_hw)
+            with torch.no_grad():
+                return {"flops": _counted(lambda: vae.decode(z, return_dict=False))}
+
+    return int(cached("vae-flops", {"arch": arch, "latent_hw": list(latent_hw)}, compute)["flops"])
