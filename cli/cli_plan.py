@@ -13,22 +13,45 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from g2rpo.common.config import load_config
 
     cfg = load_config(args.config, args.set)  # a bad config says so before torch loads
+    from g2rpo.planning.calibration import calibration
     from g2rpo.planning.check import EXIT_MISFIT, format_table, parse_gib, report
+    from g2rpo.planning.timing import default_device, format_time, time_report
 
     gib = parse_gib(args.gpu_memory) if args.gpu_memory is not None else None
     rep = report(cfg, gib)
-    print(json.dumps(rep, indent=2) if args.json else format_table(rep))
+    try:
+        cal = calibration(args.gpu or default_device(cfg), args.calibration)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--calibration: {e}") from None
+    text = [format_table(rep)]
+    try:
+        rep["time"] = time_report(cfg, cal)
+        text.append(format_time(rep["time"]))
+    except KeyError as e:  # no row of a rate for this device
+        rep["time"] = {"error": e.args[0]}
+        text.append(f"time: {e.args[0]} (g2rpo doctor --calibration-out FILE measures them)")
+    if args.gpus is not None:
+        from g2rpo.planning.layouts import format_search, search
+
+        memory = gib if gib is not None else cfg.train.memory.gpu_memory_gib
+        found = search(cfg, args.gpus, memory, cal)
+        rep["layouts"] = [x.__dict__ for x in found]
+        text.append(format_search(found, args.gpus))
+    print(json.dumps(rep, indent=2, default=str) if args.json else "\n\n".join(text))
     return 0 if rep["fits"] else EXIT_MISFIT
 
 
 def add_plan_parsers(sub) -> None:
     p = sub.add_parser(
         "plan",
-        help="estimate each actor's peak GPU memory (no weights loaded); exit 3 if one misfits",
+        help="estimate each actor's peak GPU memory and the time an iteration takes (no weights "
+        "loaded); exit 3 if one misfits",
         description="Estimated peak device memory of each actor kind (rollout worker, learner "
         "rank, evaluator, reward replica), what it is made of, whether it fits its GPU share, "
         "and the cheapest changes that make a misfit fit. Exit code: 0 all fit, 3 some actor "
-        "does not fit, 2 bad input.",
+        "does not fit, 2 bad input. Then the seconds of each phase of an iteration and the "
+        "run's GPU-hours, from the calibration table of measured rates "
+        "(planning/presets/calibration.json; rates not measured on the device are named).",
     )
     p.add_argument("config", help="run config (YAML)")
     p.add_argument("--set", action="append", default=[], metavar="a.b=c", help="override")
@@ -37,6 +60,28 @@ def add_plan_parsers(sub) -> None:
         default=None,
         metavar="SIZE",
         help="memory of one GPU, e.g. 80GiB or 141 (default: train.memory.gpu_memory_gib)",
+    )
+    p.add_argument(
+        "--gpu",
+        default=None,
+        metavar="NAME",
+        help="the GPU whose calibrated rates time the iteration (default: H200, the shipped "
+        "table's; cpu for a CPU run); an uncalibrated GPU borrows H200's, scaled by bf16 peak",
+    )
+    p.add_argument(
+        "--calibration",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="more calibration rows (JSON lines, as `g2rpo doctor --calibration-out` writes)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="search the layouts of this batch on N GPUs and print the fastest that fits, "
+        "with its --set lines",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
@@ -83,6 +128,14 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         print(json.dumps(rep.model_dump(), indent=2))
     else:
         print(format_report(rep))
+    if args.calibration_out is not None:
+        from g2rpo.planning.calibration import append_rates
+        from g2rpo.planning.doctor_calibration import device_name, rates_from_report
+
+        rows = rates_from_report(cfg, rep, device_name(cfg.model.device))
+        append_rates(args.calibration_out, rows)
+        said = f"g2rpo doctor: {len(rows)} calibration rows -> {args.calibration_out}"
+        print(said, file=sys.stderr)
     return 0 if rep.ok else 1
 
 
@@ -127,6 +180,13 @@ def add_doctor_parser(sub) -> None:
         default=None,
         help="where --random-weights writes its pipeline (FLUX.1-dev in bf16: ~34 GB; "
         "default: the system's temporary directory)",
+    )
+    d.add_argument(
+        "--calibration-out",
+        default=None,
+        metavar="FILE",
+        help="append the rates this run measured (sample, decode and learn TFLOP/s, seconds "
+        "per prompt encoded) to FILE as calibration rows, for `g2rpo plan --calibration FILE`",
     )
     d.add_argument("--json", action="store_true", help="print the report as JSON")
     d.set_defaults(func=_cmd_doctor)

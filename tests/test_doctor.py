@@ -47,8 +47,9 @@ def doctor(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     )
 
 
-def test_doctor_passes_every_phase_on_the_committed_world():
-    proc = doctor("configs/tiny.yaml", "--json")  # the embedded default, as shipped
+def test_doctor_passes_every_phase_on_the_committed_world(tmp_path):
+    rates = tmp_path / "calibration.jsonl"
+    proc = doctor("configs/tiny.yaml", "--calibration-out", str(rates), "--json")  # as shipped
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rep = json.loads(proc.stdout)
     assert [p["phase"] for p in rep["phases"]] == PHASES
@@ -66,6 +67,35 @@ def test_doctor_passes_every_phase_on_the_committed_world():
     # each actor is set beside the plan's estimate of it
     assert by["rollout"]["plan_gib"] == by["plan"]["details"]["estimates_gib"]["rollout worker"]
     assert by["learn"]["plan_gib"] == by["plan"]["details"]["estimates_gib"]["learner rank"]
+    check_the_time_estimate(by, rates)
+
+
+def check_the_time_estimate(by: dict, rates: Path) -> None:
+    """The plan's counts are the run's, and at the rates this run measured (its
+    calibration rows) the plan's rollout is this rollout's time."""
+    from g2rpo.common.config import load_config
+    from g2rpo.planning.calibration import Calibration, read_rates, shipped_rates
+    from g2rpo.planning.timing import estimate_time
+    from g2rpo.planning.workload import workload
+
+    rows = read_rates(rates)
+    assert {r.quantity for r in rows} == {
+        "sample_tflops",
+        "decode_tflops",
+        "encode_s_per_prompt",
+        "learn_tflops",
+    }
+    assert {(r.device, r.source, r.model) for r in rows} == {("cpu", "measured", "2+4x128")}
+    one = load_config(REPO / "configs/tiny.yaml", ["train.workers.count=1"])  # one share
+    work, rollout, learn = workload(one), by["rollout"]["details"], by["learn"]["details"]
+    assert (work.nfe_per_worker, work.images_per_worker) == (rollout["nfe"], rollout["leaves"])
+    assert work.learner_forwards == learn["learner_forwards"]
+    assert work.optimizer_steps == learn["optimizer_steps"]
+    measured_here = {r.quantity for r in rows}  # this run's rates, the table's transfers
+    rest = [r for r in shipped_rates() if r.quantity not in measured_here]
+    tm = estimate_time(one, Calibration("cpu", rows + rest))
+    measured = rollout["encode_s"] + rollout["engine_s"] + rollout["decode_s"]
+    assert tm.phases["rollout"] == pytest.approx(measured, rel=0.1)
 
 
 def test_doctor_on_random_weights_in_the_world_architecture(tmp_path):

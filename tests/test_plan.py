@@ -353,11 +353,14 @@ def test_the_shipped_table_answers_readme_and_every_flux_recipe_without_tracing(
     monkeypatch, tmp_path
 ):
     """Every plan ship_traces lists (each shipped FLUX recipe, README's one-GPU
-    learner, at 80 and 141 GiB, remedies included) is answered with nothing traced
-    and nothing built: a missing entry would reach the tracer, which raises here."""
+    learner, at 80 and 141 GiB, remedies included, and the FLOP counts of its time
+    estimate) is answered with nothing traced and nothing built: a missing entry would
+    reach the tracer, which raises here."""
     from g2rpo.planning import estimate, trace
+    from g2rpo.planning.calibration import calibration
     from g2rpo.planning.check import report
     from g2rpo.planning.ship_traces import shipped_plans
+    from g2rpo.planning.timing import estimate_time
 
     def no_tracing(*_a, **_k):
         raise AssertionError("traced: the shipped table lacks this shape (ship_traces)")
@@ -369,8 +372,10 @@ def test_the_shipped_table_answers_readme_and_every_flux_recipe_without_tracing(
     assert {p.name for p, _, _ in plans} >= {"flux_hps.yaml", "flux_hps_lora_8gpu.yaml"}
     try:
         for path, over, gib in plans:
-            rep = report(load_config(path, over), gib)
+            cfg = load_config(path, over)
+            rep = report(cfg, gib)
             assert rep["actors"], path
+            assert estimate_time(cfg, calibration("H200")).iteration_s > 0  # its FLOPs too
     finally:
         trace.shipped_traces.cache_clear()
         estimate._plan_cached.cache_clear()
