@@ -23,6 +23,10 @@ COMPONENTS = ("transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer
 
 @dataclass
 class FluxComponents:
+    """The FLUX family (``families.py``): FluxPipeline's components."""
+
+    PIPELINE = "FluxPipeline"
+
     transformer: Any
     vae: Any
     text_encoder: Any
@@ -71,6 +75,43 @@ class FluxComponents:
         )
         return comps.for_inference()
 
+    @staticmethod
+    def transformer_class():
+        from diffusers import FluxTransformer2DModel
+
+        return FluxTransformer2DModel
+
+    @staticmethod
+    def pipeline_class():
+        from diffusers import FluxPipeline
+
+        return FluxPipeline
+
+    @staticmethod
+    def velocity(
+        transformer, latent_hw: tuple[int, int], guidance, autocast_dtype, attention_backend
+    ) -> FluxVelocity:
+        """The family's velocity adapter over a transformer (the learner's own)."""
+        return FluxVelocity(
+            transformer,
+            *latent_hw,
+            guidance=guidance,
+            autocast_dtype=autocast_dtype,
+            attention_backend=attention_backend,
+        )
+
+    def as_pipeline(self, scheduler):
+        """diffusers' pipeline over these very modules (its LoRA loader uses it)."""
+        return self.pipeline_class()(
+            scheduler=scheduler,
+            vae=self.vae,
+            text_encoder=self.text_encoder,
+            tokenizer=self.tokenizer,
+            text_encoder_2=self.text_encoder_2,
+            tokenizer_2=self.tokenizer_2,
+            transformer=self.transformer,
+        )
+
     def for_inference(self) -> FluxComponents:
         """Every model in eval mode without gradients. These components only sample
         (the learner builds its own transformer); a weight that requires grad would
@@ -104,15 +145,8 @@ class FluxComponents:
         autocast_dtype: torch.dtype | None = None,
         attention_backend: str = "auto",
     ) -> FluxVelocity:
-        h, w = self.latent_size(height, width)
-        return FluxVelocity(
-            self.transformer,
-            h,
-            w,
-            guidance=guidance,
-            autocast_dtype=autocast_dtype,
-            attention_backend=attention_backend,
-        )
+        hw = self.latent_size(height, width)
+        return self.velocity(self.transformer, hw, guidance, autocast_dtype, attention_backend)
 
     def encode_prompts(
         self, prompts: list[str], max_sequence_length: int = 512, batch: int = 32

@@ -96,15 +96,19 @@ class BaseModelVelocity:
             return self.velocity(x, timestep, cond)
 
 
-def save_lora_weights(transformer: torch.nn.Module, directory: str | Path) -> Path:
-    """Write ``pytorch_lora_weights.safetensors`` for ``FluxPipeline.load_lora_weights``."""
-    from diffusers import FluxPipeline
+def save_lora_weights(
+    transformer: torch.nn.Module, directory: str | Path, pipeline_class=None
+) -> Path:
+    """Write ``pytorch_lora_weights.safetensors`` for the family pipeline's
+    ``load_lora_weights`` (FluxPipeline's when none is named)."""
+    if pipeline_class is None:
+        from diffusers import FluxPipeline as pipeline_class
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     # the adapter config travels in the file's metadata: without it diffusers would
     # assume alpha = r and load the adapters at the wrong scale
-    FluxPipeline.save_lora_weights(
+    pipeline_class.save_lora_weights(
         directory,
         transformer_lora_layers=adapter_state(transformer),
         transformer_lora_adapter_metadata=transformer.peft_config[ADAPTER].to_dict(),

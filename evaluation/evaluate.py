@@ -12,7 +12,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
-from ..common.flux_pipeline import FluxComponents
+from ..common.families import PipelineComponents
 from ..common.prompts import read_prompts
 from ..common.schedules import sampling_grid
 from ..rollout_worker.engine import RolloutEngine
@@ -93,7 +93,7 @@ class SplitSamples:
 
 @torch.no_grad()
 def sample_fixed_noise(
-    comps: FluxComponents,
+    comps: PipelineComponents,
     prompts: list[str],
     noise_seed: int,
     settings: EvalSettings,
@@ -129,7 +129,7 @@ def sample_fixed_noise(
 
 
 def evaluate_policy(
-    comps: FluxComponents,
+    comps: PipelineComponents,
     settings: EvalSettings,
     scorers: dict | None = None,
     *,

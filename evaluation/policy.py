@@ -11,7 +11,7 @@ import torch
 
 from ..common.config import G2RPOConfig, load_config
 from ..common.errors import RunDirError, UsageError
-from ..common.flux_pipeline import FluxComponents
+from ..common.families import PipelineComponents, load_components
 from ..common.loaders import ModelPathError
 from ..common.lora import attach_lora
 from ..common.paths import resolve_path
@@ -116,43 +116,37 @@ def resolve_policy(
     )
 
 
-def load_policy(source: PolicySource, device: str = "cpu") -> FluxComponents:
-    """The base pipeline with the source's weights in its transformer."""
-    comps = FluxComponents.load(source.base, device=device)
+def load_policy(source: PolicySource, device: str = "cpu") -> PipelineComponents:
+    """The base pipeline (of its family) with the source's weights in its transformer."""
+    comps = load_components(source.base, device=device)
     if source.weights is None:
         pass
     elif source.kind == "lora" or (source.kind == "run-final" and source.weights.is_file()):
         _apply_lora_export(comps, source.weights)
     elif source.kind == "run-final":
-        from diffusers import FluxTransformer2DModel
-
-        comps.transformer = FluxTransformer2DModel.from_pretrained(
-            source.weights, local_files_only=True
-        ).to(device)
+        comps.transformer = (
+            type(comps)
+            .transformer_class()
+            .from_pretrained(source.weights, local_files_only=True)
+            .to(device)
+        )
     else:
         _load_checkpoint(comps, source.weights, source.config)
     return comps.for_inference()  # adapters or a reloaded transformer included
 
 
-def _apply_lora_export(comps: FluxComponents, weights: Path) -> None:
-    """diffusers' own LoRA loader, on a pipeline assembled from the loaded parts."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
+def _apply_lora_export(comps: PipelineComponents, weights: Path) -> None:
+    """diffusers' own LoRA loader, on the family's pipeline assembled from the loaded parts."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
 
-    pipe = FluxPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(
-            comps.path, subfolder="scheduler", local_files_only=True
-        ),
-        vae=comps.vae,
-        text_encoder=comps.text_encoder,
-        tokenizer=comps.tokenizer,
-        text_encoder_2=comps.text_encoder_2,
-        tokenizer_2=comps.tokenizer_2,
-        transformer=comps.transformer,
+    scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(
+        comps.path, subfolder="scheduler", local_files_only=True
     )
+    pipe = comps.as_pipeline(scheduler)
     pipe.load_lora_weights(str(weights.parent), weight_name=weights.name)
 
 
-def _load_checkpoint(comps: FluxComponents, path: Path, cfg: G2RPOConfig | None) -> None:
+def _load_checkpoint(comps: PipelineComponents, path: Path, cfg: G2RPOConfig | None) -> None:
     from ..learner.checkpoints import is_sharded_checkpoint, load_weights_into
 
     if is_sharded_checkpoint(path):  # a learner group's: its weights, resharded

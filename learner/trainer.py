@@ -11,7 +11,8 @@ import torch
 from ..common.config import G2RPOConfig
 from ..common.config_algorithm import FORWARD_PROCESS
 from ..common.errors import ConfigError, RunDirError
-from ..common.flux import FluxVelocity, checkpointing_func
+from ..common.families import family_class
+from ..common.flux import checkpointing_func
 from ..common.flux_pipeline import latent_size
 from ..common.loaders import resolve_local_dir
 from ..common.lora import BaseModelVelocity, adapter_state, attach_lora, load_adapter_state
@@ -110,18 +111,15 @@ def read_transformer(cfg: G2RPOConfig, share: RankShare = SINGLE) -> torch.nn.Mo
     otherwise the whole transformer on ``model.device``. A learner actor calls it
     before its group forms (``Learner.prepare``): the ranks that wait for rank 0's
     read wait in Ray, not in the group's first collective."""
-    from diffusers import FluxTransformer2DModel
-
     m = cfg.model
     path = pretrained_dir(cfg)
+    model_class = family_class(cfg).transformer_class()
     torch.set_num_threads(cfg.train.threads)  # the read upcasts on the CPU
     if share.sharded and share.rank != 0:
-        config = FluxTransformer2DModel.load_config(
-            path, subfolder="transformer", local_files_only=True
-        )
+        config = model_class.load_config(path, subfolder="transformer", local_files_only=True)
         with torch.device("meta"):
-            return FluxTransformer2DModel.from_config(config)
-    transformer = FluxTransformer2DModel.from_pretrained(
+            return model_class.from_config(config)
+    transformer = model_class.from_pretrained(
         path, subfolder="transformer", local_files_only=True, torch_dtype=m.base_weights_dtype()
     )
     return transformer.to("cpu" if share.sharded else m.device)
@@ -232,17 +230,13 @@ class LearnerCore:
             shard_transformer(module, m.device, compute)
             load_full_weights(module, dict(initial))
 
-    def _velocity_of(self, transformer) -> FluxVelocity:
+    def _velocity_of(self, transformer):
+        """The family's velocity adapter over ``transformer`` (FLUX: FluxVelocity)."""
         m = self.cfg.model
         # FSDP2's mixed-precision policy casts parameters and inputs: no autocast then
         autocast = None if m.mixed_precision == "fsdp" else m.autocast_dtype()
-        return FluxVelocity(
-            transformer,
-            self.side,
-            self.side,
-            guidance=m.guidance,
-            autocast_dtype=autocast,
-            attention_backend=m.attention_backend,
+        return family_class(self.cfg).velocity(
+            transformer, (self.side, self.side), m.guidance, autocast, m.attention_backend
         )
 
     def _reference_model(self):
@@ -419,18 +413,17 @@ class LearnerCore:
         full = full_weights(self.transformer) if self.sharded else None
         if self.share.rank != 0:
             return None
+        family = family_class(self.cfg)
         if self.lora:
-            return str(save_lora_weights(self.transformer, directory))
+            return str(save_lora_weights(self.transformer, directory, family.pipeline_class()))
         out = Path(directory) / "transformer"
         if full is None:
             self.transformer.save_pretrained(out)
         else:  # the gathered weights in a plain model, in the layout from_pretrained reads
-            from diffusers import FluxTransformer2DModel
-
             # built on the meta device and given the gathered tensors themselves: no
             # second copy of the weights, and no random initialisation to overwrite
             with torch.device("meta"):
-                plain = FluxTransformer2DModel.from_config(self.transformer.config)
+                plain = family.transformer_class().from_config(self.transformer.config)
             plain.load_state_dict(full, assign=True)
             plain.save_pretrained(out)
         return str(out)

@@ -10,7 +10,7 @@ import torch
 
 from ..common.config import G2RPOConfig
 from ..common.errors import ConfigError
-from ..common.flux_pipeline import FluxComponents
+from ..common.families import PipelineComponents, family_class
 from ..common.lora import attach_lora
 from ..common.messages import EvalSamples, RewardEndpoints, WeightsLoaded
 from ..common.paths import resolve_path
@@ -27,7 +27,7 @@ from .plan import anchor_plan, plan_for
 
 @torch.no_grad()
 def sample_on_pipeline(
-    comps: FluxComponents,
+    comps: PipelineComponents,
     model,
     grid,
     plan: RolloutPlan,
@@ -83,7 +83,7 @@ class RolloutWorkerCore:
         self.cfg, self.worker = cfg, worker
         if cfg.model.pretrained is None:
             raise ConfigError("model.pretrained: a local pipeline directory is needed for training")
-        self.comps = FluxComponents.load(
+        self.comps = family_class(cfg).load(
             resolve_path(cfg.model.pretrained),
             dtype=cfg.model.rollout_weights_torch_dtype(),
             device=cfg.model.device,

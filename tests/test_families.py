@@ -1,0 +1,121 @@
+"""Model families: a directory loads by its pipeline class, and each family's
+deterministic sampler (our engine on an anchor plan) draws the images diffusers' own
+pipeline draws from the same noise and σ grid: SD3 on a random pipeline in
+StableDiffusion3Pipeline's layout, FLUX on the committed world."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from g2rpo.common.families import family_of, load_components
+from g2rpo.common.paths import DEFAULT_WORLD
+from g2rpo.common.schedules import sampling_grid
+from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
+from g2rpo.rollout_worker.plan import anchor_plan
+
+PROMPTS = ["a red circle on a blue background", "a green square on a white background"]
+STEPS, SHIFT, SIZE, TOKENS = 6, 3.0, 32, 16
+
+
+@pytest.fixture(scope="module")
+def sd3_dir(tmp_path_factory):
+    from g2rpo.world.sd3_random import build_random_sd3_pipeline
+
+    return build_random_sd3_pipeline(tmp_path_factory.mktemp("sd3") / "pipeline", seed=3)
+
+
+def ours(comps, guidance: float):
+    """Our anchor samples (float64 σ grid, unquantised timesteps) and their noise."""
+    plan = anchor_plan(len(PROMPTS), STEPS)
+    init, sde = draw_noise(plan, comps.packed_shape(SIZE, SIZE), torch.Generator().manual_seed(7))
+    model = comps.velocity_model(SIZE, SIZE, guidance=guidance)
+    engine = RolloutEngine(model, sampling_grid(STEPS, SHIFT, quantize=False), max_batch=8)
+    with torch.no_grad():
+        result = engine.run(plan, comps.encode_prompts(PROMPTS, TOKENS), init, sde)
+    return comps.decode(result.leaf_latents, SIZE, SIZE), init
+
+
+def unshifted_sigmas() -> list[float]:
+    # the pipeline's scheduler shifts the σ it is given and appends 0: ours unshifted
+    return np.linspace(1.0, 0.0, STEPS + 1)[:-1].tolist()
+
+
+def as_uint8(images: torch.Tensor) -> torch.Tensor:
+    return (images.permute(0, 2, 3, 1).float() * 255).round().to(torch.int16)
+
+
+def test_a_directory_names_its_family(sd3_dir, tmp_path):
+    assert family_of(DEFAULT_WORLD / "pipeline") == "flux"
+    assert family_of(sd3_dir) == "sd3"
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
+    with pytest.raises(ValueError, match="'WanPipeline' is not a family"):
+        family_of(tmp_path)
+
+
+def test_sd3_prompts_encode_as_stable_diffusion_3_pipeline(sd3_dir):
+    from diffusers import StableDiffusion3Pipeline
+
+    pipe = StableDiffusion3Pipeline.from_pretrained(sd3_dir, local_files_only=True)
+    seq, neg, pooled, neg_pooled = pipe.encode_prompt(
+        PROMPTS, None, None, do_classifier_free_guidance=True, max_sequence_length=TOKENS
+    )
+    with torch.no_grad():
+        cond = load_components(sd3_dir).encode_prompts(PROMPTS, TOKENS)
+    for key, theirs in (
+        ("encoder_hidden_states", seq),
+        ("pooled_projections", pooled),
+        ("negative_encoder_hidden_states", neg),
+        ("negative_pooled_projections", neg_pooled),
+    ):
+        assert cond[key].shape == theirs.shape, key
+        assert torch.allclose(cond[key], theirs, atol=1e-6), key
+
+
+@pytest.mark.parametrize("guidance", [4.5, 1.0])
+def test_sd3_sampler_draws_stable_diffusion_3_pipelines_images(sd3_dir, guidance):
+    from diffusers import StableDiffusion3Pipeline
+
+    mine, init = ours(load_components(sd3_dir), guidance)
+    pipe = StableDiffusion3Pipeline.from_pretrained(sd3_dir, local_files_only=True)
+    theirs = pipe(
+        PROMPTS,
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        sigmas=unshifted_sigmas(),
+        guidance_scale=guidance,
+        latents=init,
+        max_sequence_length=TOKENS,
+        output_type="pt",
+    ).images
+    diff = (mine.to(torch.int16) - as_uint8(theirs)).abs()
+    assert int(diff.max()) <= 1, f"{int(diff.max())}/255 apart"  # float64 vs float32 σ
+    assert mine.float().std() > 1  # images, not a constant
+
+
+def test_flux_sampler_draws_flux_pipelines_images():
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
+
+    world = DEFAULT_WORLD / "pipeline"
+    mine, init = ours(load_components(world), 3.5)
+    pipe = FluxPipeline.from_pretrained(world, local_files_only=True)
+    # our recipes' static shift; the world's scheduler config may shift by resolution
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=SHIFT, use_dynamic_shifting=False)
+    h = w = SIZE // pipe.vae_scale_factor
+    packed = init.view(len(PROMPTS), h // 2, w // 2, -1, 2, 2)  # our tokens are its packing
+    theirs = pipe(
+        PROMPTS,
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        sigmas=unshifted_sigmas(),
+        guidance_scale=3.5,
+        latents=packed.reshape(len(PROMPTS), -1, init.shape[-1]),
+        max_sequence_length=TOKENS,
+        output_type="pt",
+    ).images
+    diff = (mine.to(torch.int16) - as_uint8(theirs)).abs()
+    assert int(diff.max()) <= 1, f"{int(diff.max())}/255 apart"
