@@ -110,7 +110,8 @@ def model_key(transformer: dict) -> str:
     (FLUX.1-dev: '19+38x3072'). A rate measured on one model is taken for another only
     when the device has none of that model."""
     width = transformer["num_attention_heads"] * transformer["attention_head_dim"]
-    return f"{transformer['num_layers']}+{transformer['num_single_layers']}x{width}"
+    single = transformer.get("num_single_layers", 0)  # SD3 has one kind of layer
+    return f"{transformer['num_layers']}+{single}x{width}"
 
 
 class Calibration:
@@ -131,7 +132,13 @@ class Calibration:
         own = self._own(self.device, quantity)
         if own:
             value = statistics.median(r.value for r in own)
-            return Looked(quantity=quantity, value=value, basis=own[0].source, rows=len(own))
+            models = sorted({r.model for r in own if r.model})
+            note = ""
+            if self.model and models and self.model not in models:
+                note = f"on {', '.join(models)}, not {self.model}"
+            return Looked(
+                quantity=quantity, value=value, basis=own[0].source, rows=len(own), note=note
+            )
         if self.device != "cpu":  # a GPU without rows: the nearest calibrated GPU's
             for other in dict.fromkeys(r.device for r in self.rows if r.device != "cpu"):
                 own = self._own(other, quantity)

@@ -22,8 +22,14 @@ import torch
 from ..common.config import G2RPOConfig
 from ..common.flux_pipeline import latent_size
 from ..common.paths import resolve_path
-from .presets import build_component, preset_config
-from .trace import cached, transformer_activations, vae_decode_activations
+from .presets import (
+    FAMILY_COMPONENTS,
+    PRESET_FAMILY,
+    build_component,
+    preset_config,
+    transformer_family,
+)
+from .trace import SD3_CLIP_TOKENS, cached, transformer_activations, vae_decode_activations
 
 GiB = 2**30
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -102,21 +108,61 @@ class Plan:
 # ---------------------------------------------------------------- architecture
 
 
+# the preset planned for a model.pretrained that is not here, by what its path names
+PATH_PRESETS = (("stable-diffusion-3.5", "sd35-medium"), ("sd3.5", "sd35-medium"))
+
+
 def architecture(cfg: G2RPOConfig) -> tuple[dict[str, dict], str]:
     """The config.json of each component: from ``model.pretrained`` when that
-    directory is here, else FLUX.1-dev's preset (a cluster path such as
-    /models/FLUX.1-dev is usually absent where one plans)."""
-    names = ("transformer", "vae", "text_encoder", "text_encoder_2")
+    directory is here, else a preset: SD3.5-Medium's when the path names it
+    (/models/stable-diffusion-3.5-medium), else FLUX.1-dev's (a cluster path is
+    usually absent where one plans)."""
     if cfg.model.pretrained is not None:
-        root = resolve_path(cfg.model.pretrained)
-        if all((Path(root) / n / "config.json").is_file() for n in names):
-            return {n: json.loads((Path(root) / n / "config.json").read_text()) for n in names}, (
+        root = Path(resolve_path(cfg.model.pretrained))
+        kind = "flux"  # component configs alone (no model_index.json) are read as FLUX's
+        if (root / "model_index.json").is_file():
+            from ..common.families import family_of
+
+            kind = family_of(root)
+        names = FAMILY_COMPONENTS[kind]
+        if all((root / n / "config.json").is_file() for n in names):
+            return {n: json.loads((root / n / "config.json").read_text()) for n in names}, (
                 str(root)
             )
     where = cfg.model.pretrained or "none"
-    return {n: preset_config("flux1-dev", n) for n in names}, (
-        f"preset flux1-dev (model.pretrained {where} not found here)"
+    lowered = where.lower()
+    name = next((p for key, p in PATH_PRESETS if key in lowered), "flux1-dev")
+    names = FAMILY_COMPONENTS[PRESET_FAMILY[name]]
+    return {n: preset_config(name, n) for n in names}, (
+        f"preset {name} (model.pretrained {where} not found here)"
     )
+
+
+def family(archs: dict) -> str:
+    return transformer_family(archs["transformer"])
+
+
+def guided(cfg: G2RPOConfig, archs: dict) -> dict:
+    """The trace shape's guidance term: SD3 with classifier-free guidance runs the
+    empty prompt beside each sample; FLUX's guidance is an embedding (no key, so
+    FLUX's traces keep their cache keys)."""
+    if family(archs) == "sd3" and cfg.model.guidance is not None and cfg.model.guidance > 1:
+        return {"guided": True}
+    return {}
+
+
+def text_tokens(cfg: G2RPOConfig, archs: dict) -> int:
+    """Rows of a prompt's text sequence: T5's, after SD3's 77 CLIP rows."""
+    extra = SD3_CLIP_TOKENS if family(archs) == "sd3" else 0
+    return cfg.train.max_sequence_length + extra
+
+
+def latent_elements(archs: dict, hw: tuple[int, int]) -> int:
+    """Numbers in one latent: FLUX's packed tokens x 4·C, or SD3's C x h x w."""
+    tr = archs["transformer"]
+    if family(archs) == "sd3":
+        return tr["in_channels"] * hw[0] * hw[1]
+    return (hw[0] // 2) * (hw[1] // 2) * tr["in_channels"]
 
 
 def _build_meta(component: str, config: dict) -> torch.nn.Module:
@@ -130,6 +176,8 @@ def parameter_counts(component: str, config: dict, lora: dict | None = None) -> 
     def compute() -> dict:
         module = _build_meta(component, config)
         out = {"total": sum(p.numel() for p in module.parameters()), "adapters": 0}
+        # persistent buffers ship with the weights (SD3's 384² positional table: 226M)
+        out["buffers"] = sum(b.numel() for b in module.buffers())
         blocks = [
             b
             for name in ("transformer_blocks", "single_transformer_blocks")
@@ -161,9 +209,19 @@ def _latent_hw(archs, cfg) -> tuple[int, int]:
     return latent_size(archs["vae"], cfg.train.image_size, cfg.train.image_size)
 
 
+TEXT_ENCODERS = {
+    "flux": (("text_encoder", "CLIP text encoder"), ("text_encoder_2", "T5 encoder")),
+    "sd3": (
+        ("text_encoder", "CLIP text encoder"),
+        ("text_encoder_2", "CLIP-G text encoder"),
+        ("text_encoder_3", "T5 encoder"),
+    ),
+}
+
+
 def _text_encoders(cfg, archs, parts: dict) -> None:
     te_bytes = _BYTES[cfg.model.dtype]  # the encoders and their outputs are in model.dtype
-    for name, label in (("text_encoder", "CLIP text encoder"), ("text_encoder_2", "T5 encoder")):
+    for name, label in TEXT_ENCODERS[family(archs)]:
         parts[f"{label} weights"] = parameter_counts(name, archs[name])["total"] * te_bytes
 
 
@@ -176,13 +234,14 @@ def _sampler(cfg, archs, name: str, rows: int, leaves: int, live_states: int) ->
     counts = parameter_counts("transformer", archs["transformer"], lora)
     w_dtype = str(m.rollout_weights_torch_dtype()).removeprefix("torch.")
     parts = {f"transformer weights ({w_dtype})": counts["total"] * _BYTES[w_dtype]}
+    if counts.get("buffers"):
+        parts[f"transformer buffers ({w_dtype})"] = counts["buffers"] * _BYTES[w_dtype]
     if counts["adapters"]:
         parts["LoRA adapters (float32)"] = counts["adapters"] * 4
     parts["VAE weights (float32)"] = parameter_counts("vae", archs["vae"])["total"] * 4
     _text_encoders(cfg, archs, parts)
     hw = _latent_hw(archs, cfg)
-    tokens = (hw[0] // 2) * (hw[1] // 2) * archs["transformer"]["in_channels"]
-    parts["rollout tree latents"] = live_states * tokens * 4
+    parts["rollout tree latents"] = live_states * latent_elements(archs, hw) * 4
     batch = min(s.max_batch, rows)
     one = transformer_activations(
         archs["transformer"],
@@ -194,13 +253,15 @@ def _sampler(cfg, archs, name: str, rows: int, leaves: int, live_states: int) ->
         train=False,
         checkpointing=False,
         lora=None,
+        **guided(cfg, archs),
     )["bytes"]
     decode = min(s.decode_batch, leaves)
     cuda = m.device.startswith("cuda")
     vae = vae_decode_activations(archs["vae"], hw)
     tr = archs["transformer"]
-    per_prompt = cfg.train.max_sequence_length * tr["joint_attention_dim"]
+    per_prompt = text_tokens(cfg, archs) * tr["joint_attention_dim"]
     embedding = (per_prompt + tr["pooled_projection_dim"]) * _BYTES[m.dtype]
+    embedding *= 2 if guided(cfg, archs) else 1  # the empty prompt's rows beside each
     forward = sampler_forward_call(one, batch, embedding, cuda)
     decoding = vae_decode_call(vae, decode, cuda)
     if forward >= decoding:
@@ -269,6 +330,7 @@ def learner_rank(cfg: G2RPOConfig, archs) -> ActorPlan:
         # LoRA's activations traced as the base trained in model.dtype: the adapters'
         # weight gradients need the same saved inputs (peft cannot wrap fake modules)
         lora=None,
+        **guided(cfg, archs),
     )
     compute = m.dtype if m.dtype != "float32" else None
     base_dtype = m.dtype if lora is not None else "float32"
@@ -330,7 +392,12 @@ def reward_replica(cfg: G2RPOConfig) -> ActorPlan:
 
 # what a colocated rollout worker keeps on the GPU while its learner rank updates
 # (rollout_worker/worker.py: only the transformer goes to the host)
-WORKER_RESIDUE = ("VAE weights", "CLIP text encoder weights", "T5 encoder weights")
+WORKER_RESIDUE = (
+    "VAE weights",
+    "CLIP text encoder weights",
+    "CLIP-G text encoder weights",
+    "T5 encoder weights",
+)
 
 
 def take_turns(worker: ActorPlan, learner: ActorPlan, gpu_memory: int) -> None:

@@ -3,8 +3,9 @@
 The same fake-tensor builds as the memory traces (``trace.py``), under torch's flop
 counter instead of its memory tracker: no weights, no arithmetic, only shapes. The
 transformer's count is exact in its depth (each block adds the same FLOPs), so it is
-counted at three small depths and solved for FLUX.1-dev's 19 + 38 blocks, as the
-activation traces are. Results go through the same cache and shipped table.
+counted at three small depths and solved for the full depth (FLUX.1-dev's 19 + 38
+blocks, SD3.5-Medium's 24 layers, 13 of them with dual attention), as the activation
+traces are. Results go through the same cache and shipped table.
 """
 
 from __future__ import annotations
@@ -12,9 +13,17 @@ from __future__ import annotations
 import torch
 
 from ..common.flops import count_cpu_attention
-from ..common.flux import FluxVelocity
 from . import trace
-from .trace import _DEPTHS, build_transformer, cached, default_dtype, transformer_inputs
+from .trace import (
+    build_at,
+    cached,
+    default_dtype,
+    depth_variants,
+    guided_cond,
+    solve_depth,
+    transformer_inputs,
+    velocity_of,
+)
 
 # A scorer's forward per image, FLOPs: 2 x the parameters each token passes through x the
 # tokens (ViT-H-14 at 224²: 257 tokens through 632M vision parameters, plus the prompt's 77
@@ -36,29 +45,37 @@ def _counted(fn) -> int:
     return int(counter.get_total_flops())
 
 
-def _transformer_once(config: dict, layers: int, single: int, latent_hw, text_tokens) -> int:
+def _transformer_once(
+    config: dict, depth: dict, latent_hw, text_tokens, guided: bool = False
+) -> int:
     with trace._fake_mode():
         with default_dtype(torch.bfloat16):
-            model = build_transformer(config, layers, single)
+            model = build_at(config, depth)
         model.requires_grad_(False).eval()
-        velocity = FluxVelocity(model, *latent_hw, guidance=3.5, autocast_dtype=None)
+        velocity = velocity_of(model, config, latent_hw, None, guided)
         x, t, cond = transformer_inputs(config, 1, latent_hw, text_tokens)
+        if guided:
+            cond = guided_cond(cond)
         with torch.no_grad():
             return _counted(lambda: velocity(x, t, cond))
 
 
-def transformer_flops(config: dict, latent_hw: tuple[int, int], text_tokens: int) -> int:
-    """FLOPs of one sample's transformer forward (one NFE) at the config's depth."""
+def transformer_flops(
+    config: dict, latent_hw: tuple[int, int], text_tokens: int, guided: bool = False
+) -> int:
+    """FLOPs of one sample's transformer forward (one NFE) at the config's depth; an
+    SD3 call with classifier-free guidance (``guided``) runs the model on two rows."""
     arch = {k: v for k, v in config.items() if not k.startswith("_")}
 
     def compute() -> dict:
-        f11, f21, f12 = (_transformer_once(arch, a, b, latent_hw, text_tokens) for a, b in _DEPTHS)
-        per_double, per_single = f21 - f11, f12 - f11
-        base = f11 - per_double - per_single
-        total = base + per_double * arch["num_layers"] + per_single * arch["num_single_layers"]
-        return {"flops": total}
+        counts = [
+            _transformer_once(arch, d, latent_hw, text_tokens, guided) for d in depth_variants(arch)
+        ]
+        return {"flops": solve_depth(counts, arch)["bytes"]}
 
     key = {"arch": arch, "latent_hw": list(latent_hw), "text_tokens": text_tokens}
+    if guided:
+        key["guided"] = True
     return int(cached("transformer-flops", key, compute)["flops"])
 
 

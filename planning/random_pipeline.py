@@ -1,7 +1,7 @@
-"""A FluxPipeline directory with random weights in a known architecture, for
+"""A pipeline directory with random weights in a known architecture, for
 ``g2rpo doctor --random-weights`` on a node that has no checkpoint yet.
 
-The architecture comes from a shipped preset (``flux1-dev``) or from an existing
+The architecture comes from a shipped preset (``flux1-dev``, ``sd35-medium``) or from an existing
 pipeline directory (``tiny``: the committed shapes world's); ``blocks`` keeps the
 transformer's width but fewer blocks (FLUX width, few blocks). Tokenizers and the
 scheduler are copied from the committed world: its word-level tokenizers give ids
@@ -17,7 +17,14 @@ import torch
 
 from ..common.errors import UsageError
 from ..common.paths import DEFAULT_WORLD
-from .presets import COMPONENTS, PRESETS, build_component, preset_config
+from .presets import (
+    COMPONENTS,
+    FAMILY_COMPONENTS,
+    PRESET_FAMILY,
+    PRESETS,
+    build_component,
+    preset_config,
+)
 from .trace import default_dtype
 
 WORLD_PIPELINE = DEFAULT_WORLD / "pipeline"
@@ -27,7 +34,7 @@ RANDOM_ARCHITECTURES = ("tiny", *PRESETS)
 def architecture_configs(name: str) -> dict[str, dict]:
     """config.json of each model component of architecture ``name``."""
     if name in PRESETS:
-        return {c: preset_config(name, c) for c in COMPONENTS}
+        return {c: preset_config(name, c) for c in FAMILY_COMPONENTS[PRESET_FAMILY[name]]}
     if name == "tiny":
         root = WORLD_PIPELINE
         return {c: json.loads((root / c / "config.json").read_text()) for c in COMPONENTS}
@@ -54,15 +61,21 @@ def build_random_pipeline(
     (``blocks``: (double, single) transformer blocks instead of the preset's); the
     transformer and text encoders are saved in ``dtype``, the VAE in float32."""
     configs = architecture_configs(name)
+    sd3 = PRESET_FAMILY.get(name) == "sd3"
     if blocks is not None:
         double, single = blocks
-        if double < 0 or single < 0 or double + single == 0:
-            raise UsageError(f"--blocks {double},{single}: needs >= 0 each and one block at least")
-        configs["transformer"] = {
-            **configs["transformer"],
-            "num_layers": double,
-            "num_single_layers": single,
-        }
+        if double < 0 or single < 0 or double + single == 0 or (sd3 and (single or not double)):
+            need = "LAYERS,0 for SD3" if sd3 else "0 or more each and one block at least"
+            raise UsageError(f"--blocks {double},{single}: needs {need}")
+        depth = {"num_layers": double}
+        if sd3:  # SD3.5's dual-attention layers among the ones kept
+            dual = configs["transformer"].get("dual_attention_layers") or []
+            depth["dual_attention_layers"] = [i for i in dual if i < double]
+        else:
+            depth["num_single_layers"] = single
+        configs["transformer"] = {**configs["transformer"], **depth}
+    if sd3:
+        return _save_sd3(Path(out), configs, dtype, device, seed)
     out = Path(out)
     world = WORLD_PIPELINE
     out.mkdir(parents=True, exist_ok=True)
@@ -78,4 +91,27 @@ def build_random_pipeline(
         del model
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
+    return out
+
+
+def _save_sd3(out: Path, configs: dict, dtype: torch.dtype, device: str, seed: int) -> Path:
+    """A random StableDiffusion3Pipeline: the built components, the world's word-level
+    tokenizers (CLIP's for CLIP-L and CLIP-G, T5's), SD3's static-shift scheduler."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(seed)
+    parts = {
+        c: _build(c, configs[c], device, torch.float32 if c == "vae" else dtype) for c in configs
+    }
+    clip = AutoTokenizer.from_pretrained(WORLD_PIPELINE / "tokenizer", local_files_only=True)
+    t5 = AutoTokenizer.from_pretrained(WORLD_PIPELINE / "tokenizer_2", local_files_only=True)
+    pipe = StableDiffusion3Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        tokenizer=clip,
+        tokenizer_2=clip,
+        tokenizer_3=t5,
+        **parts,
+    )
+    pipe.save_pretrained(out)
     return out

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..common.config import G2RPOConfig
 from .calibration import Calibration, Looked, model_key
-from .estimate import _latent_hw, architecture, gpus_asked, parameter_counts
+from .estimate import _latent_hw, architecture, gpus_asked, guided, parameter_counts
 from .flop_trace import SCORER_FLOPS, transformer_flops, vae_decode_flops
 from .workload import dtype_bytes, workload
 
@@ -74,7 +74,9 @@ def estimate_time(cfg: G2RPOConfig, cal: Calibration) -> Timing:
     rate = _Rates(Calibration(cal.device, cal.rows, model_key(archs["transformer"])))
     work = workload(cfg)
     hw = _latent_hw(archs, cfg)
-    nfe_flops = transformer_flops(archs["transformer"], hw, t.max_sequence_length)
+    nfe_flops = transformer_flops(
+        archs["transformer"], hw, t.max_sequence_length, **guided(cfg, archs)
+    )
     decode_flops = vae_decode_flops(archs["vae"], hw)
     lora = m.lora.model_dump() if m.lora is not None else None
     counts = parameter_counts("transformer", archs["transformer"], lora)
@@ -207,12 +209,12 @@ def format_time(rep: dict) -> str:
         f"    {rep['iteration_s']:>9.1f} s  an iteration; {rep['iterations']} iterations: "
         f"{rep['run_hours']:.2f} h{gpus}"
     )
-    assumed = [r for r in rep["rates"] if r["basis"] != "measured"]
+    assumed = [r for r in rep["rates"] if r["basis"] != "measured" or r["note"]]
     if assumed:
         said = ", ".join(
-            f"{r['quantity']} {r['value']:g} ({r['basis']}{': ' + r['note'] if r['note'] else ''})"
+            f"{r['quantity']} {r['value']:g} ({r['basis']}{', ' + r['note'] if r['note'] else ''})"
             for r in assumed
         )
-        lines.append(f"    rates not measured on this device: {said}")
+        lines.append(f"    rates not measured on this device and model: {said}")
     lines += [f"    note: {n}" for n in rep["notes"]]
     return "\n".join(lines)

@@ -28,6 +28,7 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from ..common.flux import FluxVelocity
+from .presets import transformer_family
 
 CACHE_VERSION = 2  # 2: each cache file holds its key text beside the result
 _PARAM_KINDS = ("Parameter", "Gradient", "Optstate", "Buffer", "Total")
@@ -124,23 +125,53 @@ def _fake_mode():
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
-def build_transformer(config: dict, layers: int, single: int):
-    from diffusers import FluxTransformer2DModel
+def build_at(config: dict, depth: dict):
+    """The family's transformer of ``config`` with ``depth``'s block counts."""
+    from .presets import build_component
 
-    cfg = {k: v for k, v in config.items() if not k.startswith("_")}
-    cfg.update(num_layers=layers, num_single_layers=single)
-    return FluxTransformer2DModel.from_config(cfg)
+    return build_component("transformer", {**config, **depth})
+
+
+def build_transformer(config: dict, layers: int, single: int):
+    """A FLUX transformer of ``config`` with (double, single) blocks."""
+    return build_at(config, {"num_layers": layers, "num_single_layers": single})
+
+
+SD3_CLIP_TOKENS = 77  # SD3's CLIP-L and CLIP-G states lead its text sequence
 
 
 def transformer_inputs(config: dict, batch: int, latent_hw: tuple[int, int], text_tokens: int):
+    """A transformer call's inputs: FLUX's packed tokens, or SD3's [B, C, h, w] latent
+    and its CLIP + T5 sequence (``text_tokens`` of T5 after CLIP's 77)."""
     h, w = latent_hw
-    x = torch.randn(batch, (h // 2) * (w // 2), config["in_channels"])
+    if transformer_family(config) == "sd3":
+        x = torch.randn(batch, config["in_channels"], h, w)
+        text_tokens += SD3_CLIP_TOKENS
+    else:
+        x = torch.randn(batch, (h // 2) * (w // 2), config["in_channels"])
     t = torch.rand(batch)
     cond = {
         "encoder_hidden_states": torch.randn(batch, text_tokens, config["joint_attention_dim"]),
         "pooled_projections": torch.randn(batch, config["pooled_projection_dim"]),
     }
     return x, t, cond
+
+
+def velocity_of(model, config: dict, latent_hw, autocast_dtype, guided: bool = False):
+    """The family's velocity adapter, as the rollout and the learner call the model
+    (SD3 with classifier-free guidance runs the empty prompt's rows beside each)."""
+    if transformer_family(config) == "sd3":
+        from ..common.sd3_pipeline import SD3Velocity
+
+        return SD3Velocity(model, 4.5 if guided else 1.0, autocast_dtype)
+    return FluxVelocity(model, *latent_hw, guidance=3.5, autocast_dtype=autocast_dtype)
+
+
+def guided_cond(cond: dict) -> dict:
+    """``cond`` with the empty prompt's rows an SD3 guided call also takes."""
+    from ..common.sd3_pipeline import NEGATIVE
+
+    return {**cond, **{NEGATIVE + k: torch.randn_like(v) for k, v in cond.items()}}
 
 
 def trace_transformer_once(
@@ -156,10 +187,15 @@ def trace_transformer_once(
     train: bool,
     checkpointing: bool,
     lora: dict | None,
+    guided: bool = False,
+    depth: dict | None = None,
 ) -> int:
+    """Peak transient bytes of one call; ``depth`` (block counts) overrides the FLUX
+    (``layers``, ``single``) pair for other families."""
+    depth = depth or {"num_layers": layers, "num_single_layers": single}
     with _fake_mode():
         with default_dtype(getattr(torch, weights_dtype)):
-            model = build_transformer(config, layers, single)
+            model = build_at(config, depth)
         if lora is not None:
             from ..common.config import LoraOptions
             from ..common.lora import add_lora
@@ -169,13 +205,11 @@ def trace_transformer_once(
             model.requires_grad_(False).eval()
         elif checkpointing:
             model.enable_gradient_checkpointing()
-        velocity = FluxVelocity(
-            model,
-            *latent_hw,
-            guidance=3.5,
-            autocast_dtype=getattr(torch, autocast_dtype) if autocast_dtype else None,
-        )
+        autocast = getattr(torch, autocast_dtype) if autocast_dtype else None
+        velocity = velocity_of(model, config, latent_hw, autocast, guided)
         x, t, cond = transformer_inputs(config, batch, latent_hw, text_tokens)
+        if guided:
+            cond = guided_cond(cond)
         tracker = ActivationPeakTracker(grads=train)
         tracker.track_external(model)
         with tracker:
@@ -191,21 +225,53 @@ def trace_transformer_once(
 _DEPTHS = ((1, 1), (2, 1), (1, 2))
 
 
+def depth_variants(config: dict) -> list[dict]:
+    """The three small depths a transformer is traced at. FLUX: (double, single) blocks
+    (1, 1), (2, 1), (1, 2). SD3: 1 and 2 layers, then 2 with the first one's dual
+    attention (SD3.5's MMDiT-X layers 0-12 attend twice); its last layer is always the
+    context-pre-only one, so the difference of 1 and 2 layers is one ordinary layer."""
+    if transformer_family(config) == "sd3":
+        return [
+            {"num_layers": 1, "dual_attention_layers": []},
+            {"num_layers": 2, "dual_attention_layers": []},
+            {"num_layers": 2, "dual_attention_layers": [0]},
+        ]
+    return [{"num_layers": a, "num_single_layers": b} for a, b in _DEPTHS]
+
+
+def solve_depth(values: list[int], config: dict) -> dict:
+    """The full depth's figure from the three traced ones (``depth_variants``): each
+    block adds the same, so the solution is exact for FLOPs and linear for memory."""
+    v1, v2, v3 = values
+    if transformer_family(config) == "sd3":
+        per_layer, per_dual = v2 - v1, v3 - v2
+        base = v1 - per_layer
+        dual = len(config.get("dual_attention_layers") or ())
+        total = base + per_layer * config["num_layers"] + per_dual * dual
+        return {"bytes": total, "per_layer": per_layer, "per_dual": per_dual, "base": base}
+    per_double, per_single = v2 - v1, v3 - v1
+    base = v1 - per_double - per_single
+    total = base + per_double * config["num_layers"] + per_single * config["num_single_layers"]
+    return {"bytes": total, "per_double": per_double, "per_single": per_single, "base": base}
+
+
 def transformer_activations(config: dict, **shape) -> dict:
     """Peak transient bytes of one transformer call (``shape``: batch, latent_hw,
     text_tokens, weights_dtype, autocast_dtype, train, checkpointing, lora), at the
     config's depth: {"bytes": int, "per_double": int, "per_single": int, "base": int}."""
     arch = {k: v for k, v in config.items() if not k.startswith("_")}
 
+    variants = depth_variants(arch)
+
     def compute() -> dict:
         if not shape["train"]:  # no grad: one block's temporaries at a time
+            if transformer_family(arch) == "sd3":  # a dual-attention layer, the largest
+                peak = trace_transformer_once(config, 1, 1, depth=variants[2], **shape)
+                return {"bytes": peak, "base": peak}
             peak = trace_transformer_once(config, 1, 1, **shape)
             return {"bytes": peak, "per_double": 0, "per_single": 0, "base": peak}
-        (p11, p21, p12) = (trace_transformer_once(config, a, b, **shape) for a, b in _DEPTHS)
-        per_double, per_single = p21 - p11, p12 - p11
-        base = p11 - per_double - per_single
-        total = base + per_double * arch["num_layers"] + per_single * arch["num_single_layers"]
-        return {"bytes": total, "per_double": per_double, "per_single": per_single, "base": base}
+        peaks = [trace_transformer_once(config, 1, 1, depth=d, **shape) for d in variants]
+        return solve_depth(peaks, arch)
 
     key = {"arch": arch, **shape, "latent_hw": list(shape["latent_hw"])}
     return cached("transformer", key, compute)

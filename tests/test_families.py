@@ -119,3 +119,39 @@ def test_flux_sampler_draws_flux_pipelines_images():
     ).images
     diff = (mine.to(torch.int16) - as_uint8(theirs)).abs()
     assert int(diff.max()) <= 1, f"{int(diff.max())}/255 apart"
+
+
+def test_sd3_random_weights_preset_saves_a_pipeline_diffusers_loads(sd3_dir, tmp_path):
+    # `g2rpo doctor --random-weights sd35-medium --blocks L,0`: the preset's components
+    # (tested at full size in test_plan.py), here the test pipeline's configs in their
+    # place so it builds in a moment, with SD3.5's dual-attention layers 0-1
+    from g2rpo.planning import random_pipeline as rp
+
+    assert set(rp.architecture_configs("sd35-medium")) == {
+        "transformer",
+        "vae",
+        "text_encoder",
+        "text_encoder_2",
+        "text_encoder_3",
+    }
+    small = {
+        c: json.loads((sd3_dir / c / "config.json").read_text())
+        for c in rp.FAMILY_COMPONENTS["sd3"]
+    }
+    small["transformer"]["dual_attention_layers"] = [0, 1]
+    original = rp.architecture_configs
+    rp.architecture_configs = lambda name: small
+    try:
+        path = rp.build_random_pipeline(tmp_path / "p", "sd35-medium", blocks=(1, 0))
+        with pytest.raises(Exception, match="LAYERS,0 for SD3"):
+            rp.build_random_pipeline(tmp_path / "q", "sd35-medium", blocks=(1, 2))
+    finally:
+        rp.architecture_configs = original
+    assert family_of(path) == "sd3"
+    comps = load_components(path)
+    assert comps.transformer.config.num_layers == 1
+    assert comps.transformer.config.dual_attention_layers == [0]  # the kept layer's
+    assert comps.packed_shape(32, 32) == (16, 8, 8)
+    with torch.no_grad():
+        cond = comps.encode_prompts(PROMPTS, TOKENS)
+    assert cond["encoder_hidden_states"].shape[0] == len(PROMPTS)

@@ -15,9 +15,33 @@ FLUX1_DEV_PARAMS = {
 }
 
 
+# SD3.5-Medium: the transformer's 2.24B parameters and its 226M-number positional table
+# (a buffer, saved with the weights) are the 2.47B of its 4.94 GB bf16 file; CLIP-G is
+# OpenCLIP bigG's 695M text tower, CLIP-L with its projection 123.7M, T5-XXL's encoder
+SD35_MEDIUM_PARAMS = {
+    "transformer": 2.2432e9,
+    "vae": 83.8e6,
+    "text_encoder": 123.65e6,
+    "text_encoder_2": 694.66e6,
+    "text_encoder_3": 4.76e9,
+}
+
+
+@pytest.mark.parametrize("component", list(SD35_MEDIUM_PARAMS))
+def test_sd35_medium_preset_builds_with_published_size(component):
+    with torch.device("meta"):
+        module = build_component(component, preset_config("sd35-medium", component))
+    params = sum(p.numel() for p in module.parameters())
+    assert params == pytest.approx(SD35_MEDIUM_PARAMS[component], rel=0.005)
+    if component == "transformer":
+        weights = params + sum(b.numel() for b in module.buffers())
+        assert weights == pytest.approx(4.94e9 / 2, rel=0.005)
+        assert type(module).__name__ == "SD3Transformer2DModel"
+
+
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_flux1_dev_preset_builds_with_published_size(component):
-    assert PRESETS == ("flux1-dev",)
+    assert PRESETS == ("flux1-dev", "sd35-medium")
     with torch.device("meta"):
         module = build_component(component, preset_config("flux1-dev", component))
     params = sum(p.numel() for p in module.parameters())

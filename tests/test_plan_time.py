@@ -46,7 +46,7 @@ def test_depth_extrapolation_is_exact():
     solved = transformer_flops(arch, (8, 8), 7)
     from g2rpo.planning.flop_trace import _transformer_once
 
-    assert solved == _transformer_once(arch, 3, 2, (8, 8), 7)
+    assert solved == _transformer_once(arch, {"num_layers": 3, "num_single_layers": 2}, (8, 8), 7)
 
 
 def rate(q, v, source="measured", device="NVIDIA H200"):
