@@ -62,7 +62,12 @@ class ModelConfig(Section):
         "weights stay float32 (the official code's fp32 master weights + bf16 autocast)",
     )
     device: str = "cpu"
-    guidance: float = Field(3.5, description="FLUX distilled guidance embedding")
+    guidance: float = Field(
+        3.5,
+        description="FLUX: the distilled guidance embedding's value; SD3: the classifier-free "
+        "guidance scale (4.5 in SD3.5-Medium's recipes; <= 1 runs the model once a call, "
+        "without the empty prompt)",
+    )
     quantize_timestep: bool = Field(True, description="feed floor(1000σ)/1000 as the official code")
     lora: LoraOptions | None = Field(None, description="train LoRA adapters; None = full")
     rollout_weights_dtype: Literal["float32", "bfloat16"] = Field(
@@ -151,6 +156,12 @@ class ModelConfig(Section):
 class SamplingConfig(Section):
     num_steps: int = Field(16, ge=2, le=1000, description="T, the sampling grid length")
     shift: float = Field(3.0, gt=0, description="SD3/FLUX static time shift")
+    sigma_grid: Literal["uniform", "diffusers"] = Field(
+        "uniform",
+        description="uniform: shift(linspace(1, 0, T+1)), the official FLUX code's grid; "
+        "diffusers: FlowMatchEulerDiscreteScheduler's own σ after set_timesteps(T), as "
+        "StableDiffusion3Pipeline and Flow-GRPO's SD3 code sample (its last σ is not 1/T's)",
+    )
     eta: float = Field(0.7, ge=0, description="SDE noise level η")
     sde_steps: list[int] = Field(default_factory=lambda: list(range(8)))
     granularities: list[int] = Field(default_factory=lambda: [1, 2])

@@ -12,6 +12,7 @@ from typing import Literal
 import torch
 
 Terminal = Literal["exact", "reference"]
+SigmaGrid = Literal["uniform", "diffusers"]
 
 
 def time_shift(sigma: torch.Tensor, shift: float) -> torch.Tensor:
@@ -60,9 +61,29 @@ class SamplingGrid:
         return float(self.sigmas[1])
 
 
-def sampling_grid(num_steps: int, shift: float = 3.0, quantize: bool = True) -> SamplingGrid:
+def diffusers_sigmas(num_steps: int, shift: float = 3.0) -> torch.Tensor:
+    """The T+1 sigmas of diffusers' FlowMatchEulerDiscreteScheduler(shift) after
+    ``set_timesteps(T)``, as StableDiffusion3Pipeline samples (and Flow-GRPO's SD3 code
+    with it): linspace from 1 to its σ_min, shifted, then 0. Its σ_min is already a
+    shifted 1/1000, which the second shift moves again (T=10, shift 3: last σ 0.0089,
+    not 0.1 as shift₃(linspace(1, 0, 11))'s)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
+    scheduler.set_timesteps(num_steps)
+    return scheduler.sigmas.to(torch.float64)
+
+
+def sampling_grid(
+    num_steps: int, shift: float = 3.0, quantize: bool = True, kind: SigmaGrid = "uniform"
+) -> SamplingGrid:
     """σ in float64 and the timesteps the official code feeds: the same shifted grid
-    built in float32, floored to 1/1000 (the two differ at ties such as T=12, σ=0.6)."""
+    built in float32, floored to 1/1000 (the two differ at ties such as T=12, σ=0.6).
+    ``kind`` diffusers: the SD3 scheduler's own σ (``diffusers_sigmas``), its timesteps
+    those σ in float32 (floored when ``quantize``)."""
+    if kind == "diffusers":
+        sigmas = diffusers_sigmas(num_steps, shift)
+        return SamplingGrid(sigmas=sigmas, timesteps=model_timestep(sigmas.float(), quantize))
     sigmas = sigma_schedule(num_steps, shift)
     grid32 = time_shift(torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float32), shift)
     timesteps = model_timestep(grid32, quantize) if quantize else sigmas.to(torch.float32)

@@ -35,6 +35,7 @@ class EvalSettings(BaseModel):
     seed: int = Field(10_000, description="noise seed (held_out: seed, train: seed+1, files +2)")
     num_steps: int = Field(16, ge=2)
     shift: float = Field(3.0, gt=0)
+    sigma_grid: Literal["uniform", "diffusers"] = "uniform"
     image_size: int = Field(32, ge=16)
     max_sequence_length: int = Field(16, ge=1)
     guidance: float = 3.5
@@ -51,6 +52,7 @@ class EvalSettings(BaseModel):
         fields = dict(
             num_steps=s.num_steps,
             shift=s.shift,
+            sigma_grid=s.sigma_grid,
             image_size=cfg.train.image_size,
             max_sequence_length=cfg.train.max_sequence_length,
             guidance=cfg.model.guidance,
@@ -113,7 +115,9 @@ def sample_fixed_noise(
     )
     engine = RolloutEngine(
         model,
-        sampling_grid(settings.num_steps, settings.shift, settings.quantize_timestep),
+        sampling_grid(
+            settings.num_steps, settings.shift, settings.quantize_timestep, settings.sigma_grid
+        ),
         max_batch=settings.batch,
     )
     out = []

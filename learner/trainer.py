@@ -196,9 +196,8 @@ class LearnerCore:
         o = cfg.optim
         self.optimizer = adamw(self.trainable, o, cfg.model.device)
         sde_type = cfg.sde_type()
-        grid = sampling_grid(
-            cfg.sampling.num_steps, cfg.sampling.shift, cfg.model.quantize_timestep
-        )
+        s = cfg.sampling
+        grid = sampling_grid(s.num_steps, s.shift, cfg.model.quantize_timestep, s.sigma_grid)
         step_weights = None
         if cfg.algorithm.name == "tempflow" and cfg.algorithm.tempflow.step_weights == "noise":
             step_weights = noise_step_weights(

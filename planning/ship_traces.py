@@ -30,6 +30,7 @@ OFFICIAL_ONE_GPU = [  # README: the official script's learner on one GPU
 def shipped_plans() -> list[tuple[Path, list[str], float]]:
     """(config, overrides, GiB per GPU) of every plan the table answers without tracing."""
     flux = sorted((ROOT / "configs").glob("*flux*.yaml"))
+    flux += sorted((ROOT / "configs").glob("*sd35*.yaml"))
     hps = ROOT / "configs" / "flux_hps.yaml"
     settings = [(path, []) for path in flux]
     settings += [

@@ -100,7 +100,10 @@ class RolloutWorkerCore:
             attention_backend=cfg.model.attention_backend,
         )
         self.grid = sampling_grid(
-            cfg.sampling.num_steps, cfg.sampling.shift, cfg.model.quantize_timestep
+            cfg.sampling.num_steps,
+            cfg.sampling.shift,
+            cfg.model.quantize_timestep,
+            cfg.sampling.sigma_grid,
         )
         self.version, self.checksum = 0, None
         self.client: RewardClient | None = None

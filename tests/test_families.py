@@ -27,12 +27,12 @@ def sd3_dir(tmp_path_factory):
     return build_random_sd3_pipeline(tmp_path_factory.mktemp("sd3") / "pipeline", seed=3)
 
 
-def ours(comps, guidance: float):
+def ours(comps, guidance: float, grid: str = "uniform"):
     """Our anchor samples (float64 σ grid, unquantised timesteps) and their noise."""
     plan = anchor_plan(len(PROMPTS), STEPS)
     init, sde = draw_noise(plan, comps.packed_shape(SIZE, SIZE), torch.Generator().manual_seed(7))
     model = comps.velocity_model(SIZE, SIZE, guidance=guidance)
-    engine = RolloutEngine(model, sampling_grid(STEPS, SHIFT, quantize=False), max_batch=8)
+    engine = RolloutEngine(model, sampling_grid(STEPS, SHIFT, False, grid), max_batch=8)
     with torch.no_grad():
         result = engine.run(plan, comps.encode_prompts(PROMPTS, TOKENS), init, sde)
     return comps.decode(result.leaf_latents, SIZE, SIZE), init
@@ -94,6 +94,29 @@ def test_sd3_sampler_draws_stable_diffusion_3_pipelines_images(sd3_dir, guidance
     diff = (mine.to(torch.int16) - as_uint8(theirs)).abs()
     assert int(diff.max()) <= 1, f"{int(diff.max())}/255 apart"  # float64 vs float32 σ
     assert mine.float().std() > 1  # images, not a constant
+
+
+def test_sd3_sampler_on_the_diffusers_grid_draws_the_pipelines_default_images(sd3_dir):
+    # sampling.sigma_grid: diffusers: the scheduler's own σ (no sigmas= passed), as
+    # Flow-GRPO's SD3 code samples
+    from diffusers import StableDiffusion3Pipeline
+
+    mine, init = ours(load_components(sd3_dir), 4.5, "diffusers")
+    pipe = StableDiffusion3Pipeline.from_pretrained(sd3_dir, local_files_only=True)
+    theirs = pipe(
+        PROMPTS,
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        guidance_scale=4.5,
+        latents=init,
+        max_sequence_length=TOKENS,
+        output_type="pt",
+    ).images
+    diff = (mine.to(torch.int16) - as_uint8(theirs)).abs()
+    assert int(diff.max()) <= 1, f"{int(diff.max())}/255 apart"
+    uniform, _ = ours(load_components(sd3_dir), 4.5)
+    assert (uniform.to(torch.int16) - as_uint8(theirs)).abs().max() > 1  # the grids differ
 
 
 def test_flux_sampler_draws_flux_pipelines_images():

@@ -125,10 +125,15 @@ def test_plan_prints_hours_and_picks_a_layout_for_8_gpus():
 
 
 def test_readme_hours_are_the_plans():
-    """README's recipe table gives each FLUX recipe's seconds per iteration and hours:
+    """README's recipe tables give each FLUX and SD3.5 recipe's seconds per iteration and hours:
     they must be what `g2rpo plan` says today."""
     text = (REPO / "README.md").read_text()
-    rows = [x for x in text.splitlines() if x.startswith("| `") and "flux" in x.split("|")[1]]
+    recipe = ("flux", "sd35")
+    rows = [
+        x
+        for x in text.splitlines()
+        if x.startswith("| `") and any(r in x.split("|")[1] for r in recipe)
+    ]
     seen = 0
     cal = calibration("H200")
     for row in rows:
@@ -140,4 +145,4 @@ def test_readme_hours_are_the_plans():
         assert cells[6] == f"{tm.iteration_s:.0f}", name
         assert cells[7] == f"{tm.run_hours:.0f} ({tm.gpu_hours:,.0f})", name
         seen += 1
-    assert seen == len(list((REPO / "configs").glob("*flux*.yaml")))
+    assert seen == sum(len(list((REPO / "configs").glob(f"*{r}*.yaml"))) for r in recipe)

@@ -1,4 +1,5 @@
-"""The shipped recipes: every config validates, and each FLUX recipe is a complete
+"""The shipped recipes: every config validates, and each GPU recipe (FLUX.1-dev's,
+SD3.5-Medium's) is a complete
 cluster run — its ``# hardware:`` header names the GPUs it asks Ray for, every actor
 that runs the model asks for a GPU, its prompts and reward scorers are files and
 directories rather than the tiny world's, and its learning rate suits what it trains."""
@@ -14,7 +15,10 @@ from g2rpo.common.config import G2RPOConfig, config_from_dict, load_config
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 ALL = sorted(CONFIGS.glob("*.yaml"))
+# the GPU recipes: FLUX.1-dev's and SD3.5-Medium's (a cluster path each)
 FLUX = [p for p in ALL if "FLUX" in (load_config(p).model.pretrained or "")]
+SD35 = [p for p in ALL if "stable-diffusion-3.5" in (load_config(p).model.pretrained or "")]
+GPU_RECIPES = FLUX + SD35
 HARDWARE = re.compile(r"^# hardware: (\d+) x (\d+(?:\.\d+)?)GiB GPUs$", re.M)
 
 # The highest full fine-tune rate the references use or recommend (DanceGRPO's README:
@@ -85,9 +89,10 @@ def test_config_validates(path):
 
 def test_flux_recipes_found():
     assert len(FLUX) >= 7, [p.name for p in FLUX]
+    assert {p.name for p in SD35} >= {"flowgrpo_sd35.yaml", "g2rpo_sd35.yaml"}
 
 
-@pytest.mark.parametrize("path", FLUX, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", GPU_RECIPES, ids=lambda p: p.name)
 def test_hardware_header_equals_what_ray_is_asked(path):
     cfg = load_config(path)
     found = HARDWARE.findall(path.read_text())
@@ -97,7 +102,7 @@ def test_hardware_header_equals_what_ray_is_asked(path):
     assert gib == cfg.train.memory.gpu_memory_gib
 
 
-@pytest.mark.parametrize("path", FLUX, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", GPU_RECIPES, ids=lambda p: p.name)
 def test_model_actors_ask_for_gpus(path):
     cfg = load_config(path)
     t = cfg.train
@@ -107,7 +112,7 @@ def test_model_actors_ask_for_gpus(path):
     assert t.reward.job_replicas() == 0 or t.reward.num_gpus > 0
 
 
-@pytest.mark.parametrize("path", FLUX, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", GPU_RECIPES, ids=lambda p: p.name)
 def test_prompts_and_scorers_are_paths(path):
     cfg = load_config(path)
     t = cfg.train
@@ -118,7 +123,7 @@ def test_prompts_and_scorers_are_paths(path):
         assert scorers.get(reward.name, "").startswith("/"), f"{reward.name} has no directory"
 
 
-@pytest.mark.parametrize("path", FLUX, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", GPU_RECIPES, ids=lambda p: p.name)
 def test_learning_rate_suits_what_is_trained(path):
     cfg = load_config(path)
     if cfg.model.lora is None:
