@@ -171,15 +171,36 @@ def build_models(cfg: G2RPOConfig, root: Path, kinds: dict[str, str], seed: int 
 
 
 def rehearsal_pipeline(out: Path, archs: dict[str, dict], blocks: int = 0, seed: int = 0) -> Path:
-    """A FluxPipeline directory of the recipe's latent geometry, shrunk (module doc), with
-    ``blocks`` double-stream transformer blocks."""
+    """A pipeline directory of the recipe's family and latent geometry, shrunk (module
+    doc), with ``blocks`` double-stream (FLUX) or MMDiT (SD3) transformer blocks."""
     import json
 
     import torch
 
-    from ..planning.presets import build_component
+    from ..planning.presets import build_component, transformer_family
 
     world = DEFAULT_WORLD / "pipeline"
+    vae = archs["vae"]
+    vae_blocks = len(vae["block_out_channels"])  # the scale factor: 2 ** (blocks - 1)
+    vae = {
+        **vae,
+        "block_out_channels": [WIDTH["vae_channels"]] * vae_blocks,
+        "layers_per_block": 0,
+        "norm_num_groups": 1,
+        "mid_block_add_attention": False,
+    }
+    if transformer_family(archs["transformer"]) == "sd3":
+        from ..planning.random_pipeline import text_stack_sd3_pipeline
+
+        transformer = {  # SD3's patching, channels and positional table; one head of 8
+            **archs["transformer"],
+            "num_layers": blocks,
+            "num_attention_heads": 1,
+            "attention_head_dim": WIDTH["head_dim"],
+            "caption_projection_dim": WIDTH["head_dim"],
+            "dual_attention_layers": [],
+        }
+        return text_stack_sd3_pipeline(out, transformer, vae, seed)
     text = json.loads((world / "text_encoder" / "config.json").read_text())
     t5 = json.loads((world / "text_encoder_2" / "config.json").read_text())
     transformer = {
@@ -191,15 +212,6 @@ def rehearsal_pipeline(out: Path, archs: dict[str, dict], blocks: int = 0, seed:
         "axes_dims_rope": WIDTH["rope"],
         "joint_attention_dim": t5["d_model"],
         "pooled_projection_dim": text["hidden_size"],
-    }
-    vae = archs["vae"]
-    blocks = len(vae["block_out_channels"])  # the scale factor: 2 ** (blocks - 1)
-    vae = {
-        **vae,
-        "block_out_channels": [WIDTH["vae_channels"]] * blocks,
-        "layers_per_block": 0,
-        "norm_num_groups": 1,
-        "mid_block_add_attention": False,
     }
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(world / "model_index.json", out / "model_index.json")

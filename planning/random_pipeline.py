@@ -115,3 +115,19 @@ def _save_sd3(out: Path, configs: dict, dtype: torch.dtype, device: str, seed: i
     )
     pipe.save_pretrained(out)
     return out
+
+
+def text_stack_sd3_pipeline(out: Path, transformer: dict, vae: dict, seed: int = 0) -> Path:
+    """An SD3 pipeline of ``transformer`` and ``vae`` configs on the shapes world's SD3
+    text stack (``world/sd3_random.py``: its widths replace the configs' text widths),
+    CLIP's context 77 tokens long as SD3.5's (``g2rpo rehearse``'s SD3 model)."""
+    from diffusers import SD3Transformer2DModel
+
+    from ..world.sd3_random import POOLED_DIM, T5_DIM, save_sd3_pipeline, sd3_text_stack
+
+    torch.manual_seed(seed)
+    text = sd3_text_stack(clip_tokens=77)
+    arch = {k: v for k, v in transformer.items() if not k.startswith("_")}
+    arch.update(joint_attention_dim=T5_DIM, pooled_projection_dim=POOLED_DIM)
+    model = SD3Transformer2DModel.from_config(arch)
+    return save_sd3_pipeline(out, model, build_component("vae", vae), text)

@@ -6,6 +6,7 @@ StableDiffusion3Pipeline's layout, FLUX on the committed world."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,3 +179,43 @@ def test_sd3_random_weights_preset_saves_a_pipeline_diffusers_loads(sd3_dir, tmp
     with torch.no_grad():
         cond = comps.encode_prompts(PROMPTS, TOKENS)
     assert cond["encoder_hidden_states"].shape[0] == len(PROMPTS)
+
+
+def test_the_sd3_rehearsal_model_keeps_the_recipes_data_sizes(tmp_path):
+    # `g2rpo rehearse configs/*_sd35.yaml`: SD3.5-Medium's latent geometry and text
+    # sequence (77 CLIP rows + the recipe's T5 tokens), shrunk in width and depth
+    from g2rpo.common.config import load_config
+    from g2rpo.orchestration.rehearsal_setup import rehearsal_pipeline
+    from g2rpo.planning.estimate import architecture
+
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "flowgrpo_sd35.yaml"
+    archs, where = architecture(load_config(recipe))
+    assert where.startswith("preset sd35-medium")
+    comps = load_components(rehearsal_pipeline(tmp_path / "p", archs, blocks=1))
+    assert comps.packed_shape(512, 512) == (16, 64, 64)  # as SD3.5-Medium's at 512²
+    assert comps.transformer.config.pos_embed_max_size == 384
+    with torch.no_grad():
+        cond = comps.encode_prompts(PROMPTS, 128)
+    assert cond["encoder_hidden_states"].shape[:2] == (2, 77 + 128)
+    assert cond["negative_encoder_hidden_states"].shape[:2] == (2, 77 + 128)
+
+
+def test_sd3_rollout_worker_plan_holds_its_traced_sample(sd3_dir):
+    # the plan's SD3 terms (three text encoders, the unpacked latent, the guided call on
+    # two rows, CLIP's rows before T5's) against torch's MemTracker on the real worker core
+    from g2rpo.common.config import load_config
+    from g2rpo.planning.estimate import plan
+    from g2rpo.rollout_worker.worker import RolloutWorkerCore
+    from test_plan import SMALL, _actor, _traced_peak
+
+    over = [*SMALL, f"model.pretrained={sd3_dir}", "model.guidance=4.5"]
+    cfg = load_config(None, [*over, "sampling.max_batch=16", "sampling.decode_batch=16"])
+    core = RolloutWorkerCore(cfg, 0)
+    c = core.comps
+    encoders = (c.text_encoder, c.text_encoder_2, c.text_encoder_3)
+    with torch.no_grad():
+        traced = _traced_peak(
+            lambda: core.sample(0, PROMPTS), c.transformer, c.vae, *encoders, grads=False
+        )
+    estimate = _actor(plan(cfg), "rollout worker").peak
+    assert estimate == pytest.approx(traced, rel=0.10)

@@ -3,7 +3,8 @@ SD3 family's test model (its layout is SD3.5-Medium's: CLIP-L and CLIP-G with
 projections, T5, an MMDiT transformer, a 16-channel VAE with scale and shift).
 
 Saved as diffusers saves a ``StableDiffusion3Pipeline``, so the loaders that read
-SD3.5-Medium read it, and diffusers' own pipeline runs on it (the parity test)."""
+SD3.5-Medium read it, and diffusers' own pipeline runs on it (the parity test).
+``g2rpo rehearse`` builds its SD3 pipelines from the same text stack."""
 
 from __future__ import annotations
 
@@ -14,30 +15,28 @@ import torch
 from .text import MAX_TOKENS, TEXT_DIM, build_clip_tokenizer, build_t5_tokenizer, clip_text_kwargs
 
 SD3_VAE = dict(scaling_factor=1.5305, shift_factor=0.0609)  # SD3.5's VAE config values
+T5_DIM = 2 * TEXT_DIM  # at least CLIP-L's + CLIP-G's states, as T5-XXL's 4096
+POOLED_DIM = TEXT_DIM  # CLIP-L's + CLIP-G's projections
 
 
-def build_random_sd3_pipeline(out: str | Path, seed: int = 0, width: int = 16) -> Path:
-    """Build and save a random SD3 pipeline of transformer ``width`` under ``out``."""
-    from diffusers import (
-        AutoencoderKL,
-        FlowMatchEulerDiscreteScheduler,
-        SD3Transformer2DModel,
-        StableDiffusion3Pipeline,
-    )
+def sd3_text_stack(clip_tokens: int = MAX_TOKENS) -> dict:
+    """CLIP-L and CLIP-G (with projections), T5 and their word-level tokenizers, random,
+    CLIP's context ``clip_tokens`` long (SD3.5's is 77)."""
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-    torch.manual_seed(seed)
     clip_tok, t5_tok = build_clip_tokenizer(), build_t5_tokenizer()
-    clip_l = CLIPTextModelWithProjection(
-        CLIPTextConfig(**clip_text_kwargs(len(clip_tok)), projection_dim=TEXT_DIM // 2)
-    )
-    clip_g = CLIPTextModelWithProjection(
-        CLIPTextConfig(**clip_text_kwargs(len(clip_tok)), projection_dim=TEXT_DIM // 2)
-    )
+    clip_tok.model_max_length = clip_tokens
+    clip = {**clip_text_kwargs(len(clip_tok)), "max_position_embeddings": clip_tokens}
+
+    def clip_model():
+        return CLIPTextModelWithProjection(
+            CLIPTextConfig(**clip, projection_dim=POOLED_DIM // 2)
+        ).eval()
+
     t5 = T5EncoderModel(
         T5Config(
             vocab_size=len(t5_tok),
-            d_model=2 * TEXT_DIM,  # at least CLIP-L + CLIP-G's states, as T5-XXL's 4096
+            d_model=T5_DIM,
             d_kv=16,
             d_ff=128,
             num_layers=2,
@@ -46,7 +45,38 @@ def build_random_sd3_pipeline(out: str | Path, seed: int = 0, width: int = 16) -
             eos_token_id=1,
             decoder_start_token_id=0,
         )
+    ).eval()
+    return dict(
+        text_encoder=clip_model(),
+        tokenizer=clip_tok,
+        text_encoder_2=clip_model(),
+        tokenizer_2=clip_tok,
+        text_encoder_3=t5,
+        tokenizer_3=t5_tok,
     )
+
+
+def save_sd3_pipeline(out: str | Path, transformer, vae, text: dict, shift: float = 3.0) -> Path:
+    """Save the parts as diffusers saves a StableDiffusion3Pipeline."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer.eval(),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=shift),
+        vae=vae.eval(),
+        **text,
+    )
+    path = Path(out)
+    pipe.save_pretrained(path)
+    return path
+
+
+def build_random_sd3_pipeline(out: str | Path, seed: int = 0, width: int = 16) -> Path:
+    """Build and save a random SD3 pipeline of transformer ``width`` under ``out``."""
+    from diffusers import AutoencoderKL, SD3Transformer2DModel
+
+    torch.manual_seed(seed)
+    text = sd3_text_stack()
     transformer = SD3Transformer2DModel(
         sample_size=16,
         patch_size=2,
@@ -54,9 +84,9 @@ def build_random_sd3_pipeline(out: str | Path, seed: int = 0, width: int = 16) -
         num_layers=2,
         attention_head_dim=width // 2,
         num_attention_heads=2,
-        joint_attention_dim=2 * TEXT_DIM,
+        joint_attention_dim=T5_DIM,
         caption_projection_dim=width,
-        pooled_projection_dim=TEXT_DIM,  # CLIP-L's + CLIP-G's projections
+        pooled_projection_dim=POOLED_DIM,
         out_channels=16,
         pos_embed_max_size=32,
     )
@@ -73,20 +103,4 @@ def build_random_sd3_pipeline(out: str | Path, seed: int = 0, width: int = 16) -
         use_post_quant_conv=False,
         **SD3_VAE,
     )
-    pipe = StableDiffusion3Pipeline(
-        transformer=transformer.eval(),
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=vae.eval(),
-        text_encoder=clip_l.eval(),
-        tokenizer=clip_tok,
-        text_encoder_2=clip_g.eval(),
-        tokenizer_2=clip_tok,
-        text_encoder_3=t5.eval(),
-        tokenizer_3=t5_tok,
-    )
-    path = Path(out)
-    pipe.save_pretrained(path)
-    return path
-
-
-__all__ = ["MAX_TOKENS", "build_random_sd3_pipeline"]
+    return save_sd3_pipeline(out, transformer, vae, text)
