@@ -134,7 +134,7 @@ class FluxVelocity:
         self.guidance = guidance
         self.autocast_dtype = autocast_dtype
         self.attention_backend = attention_backend
-        self._kernels = sdpa_backends(attention_backend)
+        sdpa_backends(attention_backend)  # an unknown backend is refused here, not at a call
         self.calls = 0
 
     @property
@@ -142,10 +142,7 @@ class FluxVelocity:
         return next(self.transformer.parameters()).device
 
     def _compute_dtype(self) -> torch.dtype | None:
-        if self.autocast_dtype is not None:
-            return self.autocast_dtype
-        param_dtype = next(self.transformer.parameters()).dtype
-        return None if param_dtype == torch.float32 else param_dtype
+        return compute_dtype(self.transformer, self.autocast_dtype)
 
     def __call__(
         self, x: torch.Tensor, timestep: torch.Tensor, cond: Mapping[str, torch.Tensor]
@@ -156,23 +153,8 @@ class FluxVelocity:
         guidance = None
         if getattr(self.transformer.config, "guidance_embeds", False):
             guidance = torch.full((x.shape[0],), float(self.guidance or 0.0), device=device)
-        compute = self._compute_dtype()
         self.calls += 1
-        from torch.nn.attention import sdpa_kernel
-
-        with (
-            # no weight cache: it would hold a low-precision copy of every weight for the
-            # whole forward, defeating gradient checkpointing (the copies a backward
-            # needs are saved by autograd either way)
-            torch.autocast(
-                device.type,
-                dtype=compute or f32,
-                enabled=compute is not None,
-                cache_enabled=False,
-            ),
-            sdpa_kernel(self._kernels),
-            naming_backend(self.attention_backend),
-        ):
+        with transformer_call(device, self._compute_dtype(), self.attention_backend):
             out = self.transformer(
                 hidden_states=x.to(device, f32),
                 encoder_hidden_states=text,
@@ -184,6 +166,37 @@ class FluxVelocity:
                 return_dict=False,
             )[0]
         return out.to(f32)
+
+
+def compute_dtype(transformer: Any, autocast_dtype: torch.dtype | None) -> torch.dtype | None:
+    """The dtype a velocity adapter's call computes in: ``autocast_dtype``, else the
+    weights' own when they are not float32 (None: plain float32)."""
+    if autocast_dtype is not None:
+        return autocast_dtype
+    param_dtype = next(transformer.parameters()).dtype
+    return None if param_dtype == torch.float32 else param_dtype
+
+
+@contextmanager
+def transformer_call(device: torch.device, compute: torch.dtype | None, attention_backend: str):
+    """Every family's transformer call: autocast to ``compute`` (off for None), the
+    SDPA kernels ``model.attention_backend`` allows, and errors naming that backend."""
+    from torch.nn.attention import sdpa_kernel
+
+    with (
+        # no weight cache: it would hold a low-precision copy of every weight for the
+        # whole forward, defeating gradient checkpointing (the copies a backward
+        # needs are saved by autograd either way)
+        torch.autocast(
+            device.type,
+            dtype=compute or torch.float32,
+            enabled=compute is not None,
+            cache_enabled=False,
+        ),
+        sdpa_kernel(sdpa_backends(attention_backend)),
+        naming_backend(attention_backend),
+    ):
+        yield
 
 
 @contextmanager

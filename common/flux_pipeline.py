@@ -226,14 +226,18 @@ def encode_prompts(
 
 
 def decode_latents(
-    vae, packed: torch.Tensor, latent_h: int, latent_w: int, batch: int = 64
+    vae, packed: torch.Tensor, latent_h: int, latent_w: int, batch: int = 64, unpack: bool = True
 ) -> torch.Tensor:
-    """Unpack, undo FLUX's (z − shift)·scale, decode; returns uint8 [B, H, W, 3] on CPU."""
+    """Unpack (FLUX's tokens; ``unpack`` False for a family whose latents are already
+    [B, C, h, w], as SD3's), undo the VAE's (z − shift)·scale, decode; returns uint8
+    [B, H, W, 3] on CPU."""
     scale, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
     device, dtype = next(vae.parameters()).device, next(vae.parameters()).dtype
     out = []
     for lo in range(0, packed.shape[0], batch):
-        z = unpack_latents(packed[lo : lo + batch].float(), latent_h, latent_w)
+        z = packed[lo : lo + batch].float()
+        if unpack:
+            z = unpack_latents(z, latent_h, latent_w)
         img = vae.decode((z / scale + shift).to(device, dtype), return_dict=False)[0]
         img = ((img.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
         out.append(img.permute(0, 2, 3, 1).cpu())

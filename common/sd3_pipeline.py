@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from .flux import naming_backend, sdpa_backends
-from .flux_pipeline import vae_scale_factor
+from .flux import compute_dtype, sdpa_backends, transformer_call
+from .flux_pipeline import decode_latents, vae_scale_factor
 from .loaders import resolve_local_dir
 
 COMPONENTS = (
@@ -59,7 +59,7 @@ class SD3Velocity:
         self.guidance = guidance
         self.autocast_dtype = autocast_dtype
         self.attention_backend = attention_backend
-        self._kernels = sdpa_backends(attention_backend)
+        sdpa_backends(attention_backend)  # an unknown backend is refused here, not at a call
         self.calls = 0
 
     @property
@@ -73,8 +73,6 @@ class SD3Velocity:
     def __call__(
         self, x: torch.Tensor, timestep: torch.Tensor, cond: Mapping[str, torch.Tensor]
     ) -> torch.Tensor:
-        from torch.nn.attention import sdpa_kernel
-
         device, f32 = self.device, torch.float32
         text, pooled = cond["encoder_hidden_states"], cond["pooled_projections"]
         x, t = x.to(device, f32), timestep.to(device, f32) * 1000.0
@@ -82,18 +80,9 @@ class SD3Velocity:
             text = torch.cat([cond[NEGATIVE + "encoder_hidden_states"], text])
             pooled = torch.cat([cond[NEGATIVE + "pooled_projections"], pooled])
             x, t = torch.cat([x, x]), torch.cat([t, t])
-        compute = self.autocast_dtype
-        if compute is None:
-            param = next(self.transformer.parameters()).dtype
-            compute = None if param == f32 else param
         self.calls += 1
-        with (
-            torch.autocast(
-                device.type, dtype=compute or f32, enabled=compute is not None, cache_enabled=False
-            ),
-            sdpa_kernel(self._kernels),
-            naming_backend(self.attention_backend),
-        ):
+        compute = compute_dtype(self.transformer, self.autocast_dtype)
+        with transformer_call(device, compute, self.attention_backend):
             out = self.transformer(
                 hidden_states=x,
                 timestep=t,
@@ -292,12 +281,5 @@ class SD3Components:
         self, latents: torch.Tensor, height: int, width: int, batch: int = 64
     ) -> torch.Tensor:
         """Latents [B, C, h, w] → uint8 images [B, H, W, 3] (z / scale + shift, decode)."""
-        scale, shift = self.vae.config.scaling_factor, self.vae.config.shift_factor or 0.0
-        device, dtype = next(self.vae.parameters()).device, next(self.vae.parameters()).dtype
-        out = []
-        for lo in range(0, latents.shape[0], batch):
-            z = latents[lo : lo + batch].float()
-            img = self.vae.decode((z / scale + shift).to(device, dtype), return_dict=False)[0]
-            img = ((img.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-            out.append(img.permute(0, 2, 3, 1).cpu())
-        return torch.cat(out)
+        h, w = self.latent_size(height, width)
+        return decode_latents(self.vae, latents, h, w, batch=batch, unpack=False)
