@@ -41,6 +41,11 @@ def start_local_ray() -> None:
     import ray
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
+    # Serve's controller kills a proxy that is not ready within 5 s (its default) and
+    # serve.start then fails on the dead proxy: on 2 loaded cores the proxy's imports take
+    # longer (CI of 5cfe164, tests/test_serve.py). Workers inherit this process's
+    # environment, so the controller reads the longer bound.
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     ray.init(
         num_cpus=16,
         num_gpus=4,
