@@ -46,6 +46,7 @@ class PipelineComponents(Protocol):
 PIPELINES = {  # diffusers' pipeline class -> the family
     "FluxPipeline": "flux",
     "StableDiffusion3Pipeline": "sd3",
+    "QwenImagePipeline": "qwenimage",
 }
 
 
@@ -71,6 +72,10 @@ def components_class(family: str):
         from .sd3_pipeline import SD3Components
 
         return SD3Components
+    if family == "qwenimage":
+        from .qwenimage_pipeline import QwenImageComponents
+
+        return QwenImageComponents
     raise ValueError(f"unknown model family {family!r}")
 
 
@@ -95,3 +100,41 @@ def load_components(path: str | Path, **kwargs):
 
     root = resolve_local_dir(path, "pipeline", required=("model_index.json",))
     return components_class(family_of(root)).load(root, **kwargs)
+
+
+def pipeline_sampling_grid(
+    pipeline: str | Path | None,
+    num_steps: int,
+    shift: float,
+    quantize: bool,
+    kind: str,
+    image_size: int,
+):
+    """The σ grid a run samples on: ``schedules.sampling_grid``, except the diffusers
+    grid of a family whose pipeline shifts σ by resolution (Qwen-Image), which is that
+    pipeline's own scheduler's at this image size (``sampling.shift`` plays no part)."""
+    from .schedules import SamplingGrid, model_timestep, sampling_grid
+
+    if kind == "diffusers" and pipeline is not None and family_of(pipeline) == "qwenimage":
+        from .qwenimage_pipeline import pipeline_sigmas
+
+        sigmas = pipeline_sigmas(pipeline, num_steps, image_size, image_size)
+        return SamplingGrid(sigmas=sigmas, timesteps=model_timestep(sigmas.float(), quantize))
+    return sampling_grid(num_steps, shift, quantize, kind)
+
+
+def config_sampling_grid(cfg):
+    """``pipeline_sampling_grid`` of a run config."""
+    from .paths import resolve_path
+
+    s = cfg.sampling
+    pretrained = cfg.model.pretrained
+    pipeline = None if pretrained is None else resolve_path(pretrained)
+    return pipeline_sampling_grid(
+        pipeline,
+        s.num_steps,
+        s.shift,
+        cfg.model.quantize_timestep,
+        s.sigma_grid,
+        cfg.train.image_size,
+    )

@@ -177,7 +177,11 @@ class FluxComponents:
 
 
 def vae_scale_factor(vae_config) -> int:
-    """Pixels per latent pixel: 2 per down block after the first (FluxPipeline's rule)."""
+    """Pixels per latent pixel: 2 per down block after the first (FluxPipeline's and
+    StableDiffusion3Pipeline's rule), or for Qwen-Image's 3-D VAE 2 per entry of its
+    ``temperal_downsample`` (QwenImagePipeline's)."""
+    if "temperal_downsample" in vae_config:  # diffusers' spelling
+        return 2 ** len(vae_config["temperal_downsample"])
     return 2 ** (len(vae_config["block_out_channels"]) - 1)
 
 

@@ -12,9 +12,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
-from ..common.families import PipelineComponents
+from ..common.families import PipelineComponents, pipeline_sampling_grid
 from ..common.prompts import read_prompts
-from ..common.schedules import sampling_grid
 from ..rollout_worker.engine import RolloutEngine
 from ..rollout_worker.plan import anchor_plan
 from .metrics import make_scorers, score_samples
@@ -115,8 +114,13 @@ def sample_fixed_noise(
     )
     engine = RolloutEngine(
         model,
-        sampling_grid(
-            settings.num_steps, settings.shift, settings.quantize_timestep, settings.sigma_grid
+        pipeline_sampling_grid(
+            comps.path,
+            settings.num_steps,
+            settings.shift,
+            settings.quantize_timestep,
+            settings.sigma_grid,
+            size,
         ),
         max_batch=settings.batch,
     )

@@ -11,13 +11,12 @@ import torch
 from ..common.config import G2RPOConfig
 from ..common.config_algorithm import FORWARD_PROCESS
 from ..common.errors import ConfigError, RunDirError
-from ..common.families import family_class
+from ..common.families import config_sampling_grid, family_class
 from ..common.flux import checkpointing_func
 from ..common.flux_pipeline import latent_size
 from ..common.loaders import resolve_local_dir
 from ..common.lora import BaseModelVelocity, adapter_state, attach_lora, load_adapter_state
 from ..common.paths import resolve_path
-from ..common.schedules import sampling_grid
 from ..common.sde import noise_step_weights
 from ..common.seeds import seed_for
 from ..common.time_sharing import DeviceTurn, move_module, move_optimizer_state
@@ -196,8 +195,7 @@ class LearnerCore:
         o = cfg.optim
         self.optimizer = adamw(self.trainable, o, cfg.model.device)
         sde_type = cfg.sde_type()
-        s = cfg.sampling
-        grid = sampling_grid(s.num_steps, s.shift, cfg.model.quantize_timestep, s.sigma_grid)
+        grid = config_sampling_grid(cfg)
         step_weights = None
         if cfg.algorithm.name == "tempflow" and cfg.algorithm.tempflow.step_weights == "noise":
             step_weights = noise_step_weights(

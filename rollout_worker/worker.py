@@ -10,12 +10,11 @@ import torch
 
 from ..common.config import G2RPOConfig
 from ..common.errors import ConfigError
-from ..common.families import PipelineComponents, family_class
+from ..common.families import PipelineComponents, config_sampling_grid, family_class
 from ..common.lora import attach_lora
 from ..common.messages import EvalSamples, RewardEndpoints, WeightsLoaded
 from ..common.paths import resolve_path
 from ..common.rollout_plan import RolloutPlan, algorithm_nfe
-from ..common.schedules import sampling_grid
 from ..common.seeds import seed_for
 from ..common.time_sharing import DeviceTurn, move_module
 from ..common.trajectories import Trajectories
@@ -99,12 +98,7 @@ class RolloutWorkerCore:
             autocast_dtype=cfg.model.autocast_dtype(),
             attention_backend=cfg.model.attention_backend,
         )
-        self.grid = sampling_grid(
-            cfg.sampling.num_steps,
-            cfg.sampling.shift,
-            cfg.model.quantize_timestep,
-            cfg.sampling.sigma_grid,
-        )
+        self.grid = config_sampling_grid(cfg)
         self.version, self.checksum = 0, None
         self.client: RewardClient | None = None
         self.client_urls: tuple = ()

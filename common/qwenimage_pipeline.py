@@ -1,0 +1,338 @@
+"""A Qwen-Image pipeline directory (diffusers layout) loaded for rollouts, with the
+same interface as ``FluxComponents`` (``families.py``).
+
+What differs from FLUX and SD3, each as diffusers' ``QwenImagePipeline`` does it:
+
+* **Prompts** go through one Qwen2.5-VL language model in a chat template; the first
+  ``TEMPLATE_DROP`` positions (the system turn) are dropped, the rest of the last
+  hidden state is the text sequence, with an attention mask. Here every prompt is
+  padded to ``max_sequence_length`` rows (mask 0), so prompts encoded apart batch
+  together; a model call trims the columns no row of its batch uses, which changes
+  nothing (the transformer masks those keys and gives text row i RoPE position i
+  whatever the padding), and passes no mask when none is left, as the pipeline does.
+* **Latents** are FLUX's packed 2x2 tokens [B, (h/2)(w/2), 4C]; the transformer takes
+  ``img_shapes`` (frames, h/2, w/2) instead of position ids.
+* **Guidance** is true classifier-free guidance with the negative prompt ``" "``
+  (Qwen-Image's reference): v = v_u + s·(v_c − v_u), rescaled per token to the
+  conditional prediction's norm, v·‖v_c‖/‖v‖. The rescaled velocity is what the SDE step,
+  its log-prob and the learner's ratio all see (as SD3's guided velocity). ``guidance``
+  ≤ 1 calls the model once, without the negative rows.
+* **Timesteps**: the transformer takes σ (the pipeline passes t/1000), as FLUX's.
+* **σ grid**: the pipeline gives its scheduler linspace(1, 1/T, T) and a shift μ that
+  grows with the image's token count (``pipeline_sigmas``); ``sampling.sigma_grid:
+  diffusers`` samples on it.
+* **VAE**: AutoencoderKLQwenImage decodes video-shaped latents [B, C, 1, h, w] after
+  z·std + mean per channel (its config's ``latents_std`` and ``latents_mean``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .flux import compute_dtype, sdpa_backends, transformer_call, unpack_latents
+from .flux_pipeline import vae_scale_factor
+from .loaders import resolve_local_dir
+
+COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer")
+NEGATIVE = "negative_"  # cond keys of the negative prompt's embeddings
+NEGATIVE_PROMPT = " "  # Qwen-Image's reference negative prompt (its model card, its demos)
+MASK = "encoder_hidden_states_mask"
+# QwenImagePipeline's prompt template and the positions it drops (the system turn)
+TEMPLATE = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
+    "quantity, text, spatial relationships of the objects and background:<|im_end|>\n"
+    "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+)
+TEMPLATE_DROP = 34
+TOKENIZER_MAX = 1024  # QwenImagePipeline.tokenizer_max_length (and its max_sequence_length bound)
+
+
+def image_tokens(vae_config, height: int, width: int) -> int:
+    """Packed latent tokens of an image: the count the scheduler's shift μ grows with."""
+    factor = 2 * vae_scale_factor(vae_config)
+    return (height // factor) * (width // factor)
+
+
+def pipeline_sigmas(root: str | Path, num_steps: int, height: int, width: int) -> torch.Tensor:
+    """The T+1 σ QwenImagePipeline samples at height×width: its scheduler (from the
+    directory's scheduler config) given σ = linspace(1, 1/T, T) and, when it shifts by
+    resolution, μ = calculate_shift(image tokens); 0 appended by the scheduler."""
+    import numpy as np
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+    root = Path(root)
+    scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(root, subfolder="scheduler")
+    vae_config = json.loads((root / "vae" / "config.json").read_text())
+    c = scheduler.config
+    mu = calculate_shift(
+        image_tokens(vae_config, height, width),
+        c.get("base_image_seq_len", 256),
+        c.get("max_image_seq_len", 4096),
+        c.get("base_shift", 0.5),
+        c.get("max_shift", 1.15),
+    )
+    sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
+    scheduler.set_timesteps(sigmas=sigmas, mu=mu if c.use_dynamic_shifting else None)
+    return scheduler.sigmas.to(torch.float64)
+
+
+class QwenImageVelocity:
+    """Adapts a QwenImageTransformer2DModel to the engine's VelocityModel protocol, with
+    true classifier-free guidance of scale ``guidance`` and the per-token norm rescale.
+    cond holds ``encoder_hidden_states`` and its mask and, for guidance, their
+    ``negative_`` twins."""
+
+    def __init__(
+        self,
+        transformer: Any,
+        latent_height: int,
+        latent_width: int,
+        guidance: float | None = 4.0,
+        autocast_dtype: torch.dtype | None = None,
+        attention_backend: str = "auto",
+    ) -> None:
+        self.transformer = transformer
+        self.img_shape = (1, latent_height // 2, latent_width // 2)
+        self.guidance = guidance
+        self.autocast_dtype = autocast_dtype
+        self.attention_backend = attention_backend
+        sdpa_backends(attention_backend)  # an unknown backend is refused here, not at a call
+        self.calls = 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.transformer.parameters()).device
+
+    @property
+    def guided(self) -> bool:
+        return self.guidance is not None and self.guidance > 1.0
+
+    def __call__(
+        self, x: torch.Tensor, timestep: torch.Tensor, cond: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor:
+        device, f32 = self.device, torch.float32
+        text, mask = cond["encoder_hidden_states"], cond[MASK]
+        x, t = x.to(device, f32), timestep.to(device, f32)
+        if self.guided:  # one call on both: the pipeline's two calls, batched
+            text = torch.cat([text, cond[NEGATIVE + "encoder_hidden_states"]])
+            mask = torch.cat([mask, cond[NEGATIVE + MASK]])
+            x, t = torch.cat([x, x]), torch.cat([t, t])
+        text, mask = trim_padding(text.to(device, f32), mask.to(device))
+        self.calls += 1
+        compute = compute_dtype(self.transformer, self.autocast_dtype)
+        with transformer_call(device, compute, self.attention_backend):
+            out = self.transformer(
+                hidden_states=x,
+                timestep=t,
+                encoder_hidden_states=text,
+                encoder_hidden_states_mask=mask,
+                img_shapes=[self.img_shape] * x.shape[0],
+                return_dict=False,
+            )[0].to(f32)
+        if not self.guided:
+            return out
+        positive, negative = out.chunk(2)
+        return guided_velocity(positive, negative, self.guidance)
+
+
+def guided_velocity(positive: torch.Tensor, negative: torch.Tensor, scale: float) -> torch.Tensor:
+    """QwenImagePipeline's true CFG: v = v_u + s(v_c − v_u), rescaled per token to
+    ‖v_c‖ (norms over the packed channels)."""
+    combined = negative + scale * (positive - negative)
+    norm = torch.linalg.vector_norm(positive, dim=-1, keepdim=True)
+    return combined * (norm / torch.linalg.vector_norm(combined, dim=-1, keepdim=True))
+
+
+def trim_padding(text: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """Drop the trailing text columns no row uses; no mask when every row is full."""
+    used = mask.bool().any(dim=0).nonzero()
+    length = int(used.max()) + 1 if used.numel() else text.shape[1]
+    text, mask = text[:, :length], mask[:, :length]
+    return text, None if bool(mask.bool().all()) else mask
+
+
+@dataclass
+class QwenImageComponents:
+    """The Qwen-Image family (``families.py``): QwenImagePipeline's components."""
+
+    PIPELINE = "QwenImagePipeline"
+
+    transformer: Any
+    vae: Any
+    text_encoder: Any
+    tokenizer: Any
+    path: Path | None = None
+    guidance: float = 4.0  # the true-CFG scale encode_prompts prepares for
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+        text_encoder_dtype: torch.dtype = torch.float32,
+    ) -> QwenImageComponents:
+        """Every component from a local QwenImagePipeline directory (never a hub)."""
+        from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+        from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+        root = resolve_local_dir(path, "Qwen-Image pipeline", required=("model_index.json",))
+        for sub in COMPONENTS:
+            resolve_local_dir(root / sub, f"Qwen-Image pipeline component {sub!r}")
+        kw = dict(local_files_only=True)
+        comps = cls(
+            transformer=QwenImageTransformer2DModel.from_pretrained(
+                root, subfolder="transformer", torch_dtype=dtype, **kw
+            ).to(device),
+            vae=AutoencoderKLQwenImage.from_pretrained(root, subfolder="vae", **kw).to(device),
+            text_encoder=Qwen2_5_VLForConditionalGeneration.from_pretrained(
+                root / "text_encoder", dtype=text_encoder_dtype, **kw
+            ).to(device),
+            tokenizer=AutoTokenizer.from_pretrained(root / "tokenizer", **kw),
+            path=root,
+        )
+        return comps.for_inference()
+
+    @staticmethod
+    def transformer_class():
+        from diffusers import QwenImageTransformer2DModel
+
+        return QwenImageTransformer2DModel
+
+    @staticmethod
+    def pipeline_class():
+        from diffusers import QwenImagePipeline
+
+        return QwenImagePipeline
+
+    @staticmethod
+    def velocity(
+        transformer, latent_hw: tuple[int, int], guidance, autocast_dtype, attention_backend
+    ) -> QwenImageVelocity:
+        """The family's velocity adapter over a transformer (the learner's own)."""
+        return QwenImageVelocity(
+            transformer, *latent_hw, guidance, autocast_dtype, attention_backend
+        )
+
+    def as_pipeline(self, scheduler):
+        """diffusers' pipeline over these very modules (its LoRA loader uses it)."""
+        return self.pipeline_class()(
+            scheduler=scheduler,
+            vae=self.vae,
+            text_encoder=self.text_encoder,
+            tokenizer=self.tokenizer,
+            transformer=self.transformer,
+        )
+
+    def for_inference(self) -> QwenImageComponents:
+        for model in (self.transformer, self.vae, self.text_encoder):
+            model.eval().requires_grad_(False)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.transformer.parameters()).device
+
+    def latent_size(self, height: int, width: int) -> tuple[int, int]:
+        """Unpacked latent (h, w) of an image; both must pack into 2x2 tokens."""
+        factor = vae_scale_factor(self.vae.config)
+        if height % (2 * factor) or width % (2 * factor):
+            raise ValueError(
+                f"height and width must be multiples of {2 * factor}, got {height}x{width}"
+            )
+        return height // factor, width // factor
+
+    def packed_shape(self, height: int, width: int) -> tuple[int, int]:
+        """(tokens, channels) of one packed latent: the engine's sample shape."""
+        h, w = self.latent_size(height, width)
+        return (h // 2) * (w // 2), self.transformer.config.in_channels
+
+    def velocity_model(
+        self,
+        height: int,
+        width: int,
+        guidance: float = 4.0,
+        autocast_dtype: torch.dtype | None = None,
+        attention_backend: str = "auto",
+    ) -> QwenImageVelocity:
+        hw = self.latent_size(height, width)
+        self.guidance = guidance  # encode_prompts then adds the negative prompt's rows
+        return self.velocity(self.transformer, hw, guidance, autocast_dtype, attention_backend)
+
+    def sigmas(self, num_steps: int, height: int, width: int) -> torch.Tensor:
+        """The pipeline's own σ at this size (``sampling.sigma_grid: diffusers``)."""
+        if self.path is None:
+            raise ValueError("the pipeline's σ grid needs the directory it was loaded from")
+        return pipeline_sigmas(self.path, num_steps, height, width)
+
+    def encode_prompts(
+        self, prompts: list[str], max_sequence_length: int = 512, batch: int = 32
+    ) -> dict:
+        """QwenImagePipeline.encode_prompt's tensors in chunks of ``batch`` prompts, each
+        padded to ``max_sequence_length`` rows, with the negative prompt's when
+        ``guidance`` > 1."""
+        if not prompts:
+            raise ValueError("prompts: at least one prompt is needed")
+        if not 1 <= max_sequence_length <= TOKENIZER_MAX:
+            raise ValueError(
+                f"max_sequence_length must lie in [1, {TOKENIZER_MAX}] (QwenImagePipeline's "
+                f"bound), got {max_sequence_length}"
+            )
+        parts = [
+            self._encode(prompts[lo : lo + batch], max_sequence_length)
+            for lo in range(0, len(prompts), batch)
+        ]
+        out = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        if self.guidance is not None and self.guidance > 1.0:
+            empty = self._encode([NEGATIVE_PROMPT], max_sequence_length)
+            for k, v in empty.items():
+                out[NEGATIVE + k] = v.expand(len(prompts), *v.shape[1:]).clone()
+        return out
+
+    def _encode(self, prompts: list[str], max_sequence_length: int) -> dict:
+        device = next(self.text_encoder.parameters()).device
+        tokens = self.tokenizer(
+            [TEMPLATE.format(p) for p in prompts],
+            max_length=TOKENIZER_MAX + TEMPLATE_DROP,
+            padding=True,
+            truncation=True,
+            return_tensors="pt",
+        ).to(device)
+        hidden = self.text_encoder(
+            input_ids=tokens.input_ids,
+            attention_mask=tokens.attention_mask,
+            output_hidden_states=True,
+        ).hidden_states[-1]
+        states = hidden.new_zeros(len(prompts), max_sequence_length, hidden.shape[-1])
+        mask = torch.zeros(len(prompts), max_sequence_length, dtype=torch.float32)
+        for i, (row, keep) in enumerate(zip(hidden, tokens.attention_mask.bool(), strict=True)):
+            text = row[keep][TEMPLATE_DROP:][:max_sequence_length]  # the user turn on
+            states[i, : len(text)], mask[i, : len(text)] = text, 1.0
+        return {"encoder_hidden_states": states.float(), MASK: mask.to(device)}
+
+    @torch.inference_mode()
+    def decode(
+        self, packed: torch.Tensor, height: int, width: int, batch: int = 64
+    ) -> torch.Tensor:
+        """Packed latents [B, L, C] → uint8 images [B, H, W, 3]: unpack, z·std + mean
+        per channel, decode the one-frame video, take the frame."""
+        h, w = self.latent_size(height, width)
+        config = self.vae.config
+        device, dtype = next(self.vae.parameters()).device, next(self.vae.parameters()).dtype
+        mean = torch.tensor(config.latents_mean).view(1, -1, 1, 1, 1)
+        std = torch.tensor(config.latents_std).view(1, -1, 1, 1, 1)
+        out = []
+        for lo in range(0, packed.shape[0], batch):
+            z = unpack_latents(packed[lo : lo + batch].float().cpu(), h, w).unsqueeze(2)
+            z = (z * std + mean).to(device, dtype)
+            img = self.vae.decode(z, return_dict=False)[0][:, :, 0]
+            img = ((img.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+            out.append(img.permute(0, 2, 3, 1).cpu())
+        return torch.cat(out)
