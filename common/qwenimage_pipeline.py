@@ -118,13 +118,16 @@ class QwenImageVelocity:
         self, x: torch.Tensor, timestep: torch.Tensor, cond: Mapping[str, torch.Tensor]
     ) -> torch.Tensor:
         device, f32 = self.device, torch.float32
-        text, mask = cond["encoder_hidden_states"], cond[MASK]
+        text, mask = cond["encoder_hidden_states"], cond.get(MASK)
         x, t = x.to(device, f32), timestep.to(device, f32)
         if self.guided:  # one call on both: the pipeline's two calls, batched
             text = torch.cat([text, cond[NEGATIVE + "encoder_hidden_states"]])
-            mask = torch.cat([mask, cond[NEGATIVE + MASK]])
+            if mask is not None:
+                mask = torch.cat([mask, cond[NEGATIVE + MASK]])
             x, t = torch.cat([x, x]), torch.cat([t, t])
-        text, mask = trim_padding(text.to(device, f32), mask.to(device))
+        text = text.to(device, f32)
+        if mask is not None:  # a plan's traces pass none: every row used
+            text, mask = trim_padding(text, mask.to(device))
         self.calls += 1
         compute = compute_dtype(self.transformer, self.autocast_dtype)
         with transformer_call(device, compute, self.attention_backend):

@@ -172,7 +172,8 @@ def build_models(cfg: G2RPOConfig, root: Path, kinds: dict[str, str], seed: int 
 
 def rehearsal_pipeline(out: Path, archs: dict[str, dict], blocks: int = 0, seed: int = 0) -> Path:
     """A pipeline directory of the recipe's family and latent geometry, shrunk (module
-    doc), with ``blocks`` double-stream (FLUX) or MMDiT (SD3) transformer blocks."""
+    doc), with ``blocks`` double-stream (FLUX) or MMDiT (SD3, Qwen-Image) transformer
+    blocks."""
     import json
 
     import torch
@@ -181,6 +182,23 @@ def rehearsal_pipeline(out: Path, archs: dict[str, dict], blocks: int = 0, seed:
 
     world = DEFAULT_WORLD / "pipeline"
     vae = archs["vae"]
+    if transformer_family(archs["transformer"]) == "qwenimage":
+        from ..planning.random_pipeline import text_stack_qwenimage_pipeline
+
+        vae = {  # the same temporal_downsample (scale factor) and 16 latent channels
+            **vae,
+            "base_dim": max(WIDTH["vae_channels"], 4),  # its RMS norms need a few channels
+            "dim_mult": [1] * len(vae["dim_mult"]),
+            "num_res_blocks": 0,
+        }
+        transformer = {  # Qwen-Image's packing and channels; one head of 8
+            **archs["transformer"],
+            "num_layers": blocks,
+            "num_attention_heads": 1,
+            "attention_head_dim": WIDTH["head_dim"],
+            "axes_dims_rope": WIDTH["rope"],
+        }
+        return text_stack_qwenimage_pipeline(out, transformer, vae, seed)
     vae_blocks = len(vae["block_out_channels"])  # the scale factor: 2 ** (blocks - 1)
     vae = {
         **vae,

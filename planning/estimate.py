@@ -109,14 +109,19 @@ class Plan:
 
 
 # the preset planned for a model.pretrained that is not here, by what its path names
-PATH_PRESETS = (("stable-diffusion-3.5", "sd35-medium"), ("sd3.5", "sd35-medium"))
+PATH_PRESETS = (
+    ("stable-diffusion-3.5", "sd35-medium"),
+    ("sd3.5", "sd35-medium"),
+    ("qwen-image", "qwen-image"),
+    ("qwen_image", "qwen-image"),
+)
 
 
 def architecture(cfg: G2RPOConfig) -> tuple[dict[str, dict], str]:
     """The config.json of each component: from ``model.pretrained`` when that
-    directory is here, else a preset: SD3.5-Medium's when the path names it
-    (/models/stable-diffusion-3.5-medium), else FLUX.1-dev's (a cluster path is
-    usually absent where one plans)."""
+    directory is here, else a preset: SD3.5-Medium's or Qwen-Image's when the path
+    names it (/models/stable-diffusion-3.5-medium, /models/Qwen-Image), else FLUX.1-dev's
+    (a cluster path is usually absent where one plans)."""
     if cfg.model.pretrained is not None:
         root = Path(resolve_path(cfg.model.pretrained))
         kind = "flux"  # component configs alone (no model_index.json) are read as FLUX's
@@ -143,10 +148,11 @@ def family(archs: dict) -> str:
 
 
 def guided(cfg: G2RPOConfig, archs: dict) -> dict:
-    """The trace shape's guidance term: SD3 with classifier-free guidance runs the
-    empty prompt beside each sample; FLUX's guidance is an embedding (no key, so
-    FLUX's traces keep their cache keys)."""
-    if family(archs) == "sd3" and cfg.model.guidance is not None and cfg.model.guidance > 1:
+    """The trace shape's guidance term: SD3 and Qwen-Image with classifier-free guidance
+    run the negative prompt beside each sample; FLUX's guidance is an embedding (no key,
+    so FLUX's traces keep their cache keys)."""
+    cfg_guided = cfg.model.guidance is not None and cfg.model.guidance > 1
+    if family(archs) in ("sd3", "qwenimage") and cfg_guided:
         return {"guided": True}
     return {}
 
@@ -158,7 +164,8 @@ def text_tokens(cfg: G2RPOConfig, archs: dict) -> int:
 
 
 def latent_elements(archs: dict, hw: tuple[int, int]) -> int:
-    """Numbers in one latent: FLUX's packed tokens x 4·C, or SD3's C x h x w."""
+    """Numbers in one latent: FLUX's (and Qwen-Image's) packed tokens x 4·C, or SD3's
+    C x h x w."""
     tr = archs["transformer"]
     if family(archs) == "sd3":
         return tr["in_channels"] * hw[0] * hw[1]
@@ -216,6 +223,7 @@ TEXT_ENCODERS = {
         ("text_encoder_2", "CLIP-G text encoder"),
         ("text_encoder_3", "T5 encoder"),
     ),
+    "qwenimage": (("text_encoder", "Qwen2.5-VL text encoder"),),
 }
 
 
@@ -260,7 +268,9 @@ def _sampler(cfg, archs, name: str, rows: int, leaves: int, live_states: int) ->
     vae = vae_decode_activations(archs["vae"], hw)
     tr = archs["transformer"]
     per_prompt = text_tokens(cfg, archs) * tr["joint_attention_dim"]
-    embedding = (per_prompt + tr["pooled_projection_dim"]) * _BYTES[m.dtype]
+    # Qwen-Image: no pooled vector, a mask of one number a text row instead
+    pooled = tr.get("pooled_projection_dim", text_tokens(cfg, archs))
+    embedding = (per_prompt + pooled) * _BYTES[m.dtype]
     embedding *= 2 if guided(cfg, archs) else 1  # the empty prompt's rows beside each
     forward = sampler_forward_call(one, batch, embedding, cuda)
     decoding = vae_decode_call(vae, decode, cuda)

@@ -84,11 +84,8 @@ def vae_decode_flops(vae_config: dict, latent_hw: tuple[int, int]) -> int:
     arch = {k: v for k, v in vae_config.items() if not k.startswith("_")}
 
     def compute() -> dict:
-        from diffusers import AutoencoderKL
-
         with trace._fake_mode():
-            vae = AutoencoderKL.from_config(arch).eval().requires_grad_(False)
-            z = torch.randn(1, arch["latent_channels"], *latent_hw)
+            vae, z = trace.vae_and_latent(arch, latent_hw)
             with torch.no_grad():
                 return {"flops": _counted(lambda: vae.decode(z, return_dict=False))}
 

@@ -1,7 +1,8 @@
 """A pipeline directory with random weights in a known architecture, for
 ``g2rpo doctor --random-weights`` on a node that has no checkpoint yet.
 
-The architecture comes from a shipped preset (``flux1-dev``, ``sd35-medium``) or from an existing
+The architecture comes from a shipped preset (``flux1-dev``, ``sd35-medium``,
+``qwen-image``) or from an existing
 pipeline directory (``tiny``: the committed shapes world's); ``blocks`` keeps the
 transformer's width but fewer blocks (FLUX width, few blocks). Tokenizers and the
 scheduler are copied from the committed world: its word-level tokenizers give ids
@@ -61,21 +62,33 @@ def build_random_pipeline(
     (``blocks``: (double, single) transformer blocks instead of the preset's); the
     transformer and text encoders are saved in ``dtype``, the VAE in float32."""
     configs = architecture_configs(name)
-    sd3 = PRESET_FAMILY.get(name) == "sd3"
+    family = PRESET_FAMILY.get(name, "flux")
+    one_kind = family in ("sd3", "qwenimage")  # MMDiT layers only, no single-stream blocks
     if blocks is not None:
         double, single = blocks
-        if double < 0 or single < 0 or double + single == 0 or (sd3 and (single or not double)):
-            need = "LAYERS,0 for SD3" if sd3 else "0 or more each and one block at least"
+        if (
+            double < 0
+            or single < 0
+            or double + single == 0
+            or (one_kind and (single or not double))
+        ):
+            need = (
+                "LAYERS,0 for SD3 and Qwen-Image"
+                if one_kind
+                else "0 or more each and one block at least"
+            )
             raise UsageError(f"--blocks {double},{single}: needs {need}")
         depth = {"num_layers": double}
-        if sd3:  # SD3.5's dual-attention layers among the ones kept
+        if family == "sd3":  # SD3.5's dual-attention layers among the ones kept
             dual = configs["transformer"].get("dual_attention_layers") or []
             depth["dual_attention_layers"] = [i for i in dual if i < double]
-        else:
+        elif family == "flux":
             depth["num_single_layers"] = single
         configs["transformer"] = {**configs["transformer"], **depth}
-    if sd3:
+    if family == "sd3":
         return _save_sd3(Path(out), configs, dtype, device, seed)
+    if family == "qwenimage":
+        return _save_qwenimage(Path(out), configs, dtype, device, seed)
     out = Path(out)
     world = WORLD_PIPELINE
     out.mkdir(parents=True, exist_ok=True)
@@ -115,6 +128,40 @@ def _save_sd3(out: Path, configs: dict, dtype: torch.dtype, device: str, seed: i
     )
     pipe.save_pretrained(out)
     return out
+
+
+def _save_qwenimage(out: Path, configs: dict, dtype: torch.dtype, device: str, seed: int) -> Path:
+    """A random QwenImagePipeline: the built components, the Qwen-Image test model's
+    byte-level tokenizer (``world/qwenimage_random.py``: its ids fit any vocabulary),
+    Qwen-Image's resolution-shifted scheduler."""
+    from ..world.qwenimage_random import build_qwen_tokenizer, save_qwenimage_pipeline
+
+    torch.manual_seed(seed)
+    parts = {
+        c: _build(c, configs[c], device, torch.float32 if c == "vae" else dtype) for c in configs
+    }
+    return save_qwenimage_pipeline(out, tokenizer=build_qwen_tokenizer(), **parts)
+
+
+def text_stack_qwenimage_pipeline(out: Path, transformer: dict, vae: dict, seed: int = 0) -> Path:
+    """A Qwen-Image pipeline of ``transformer`` and ``vae`` configs on the Qwen-Image test
+    model's text stack (``world/qwenimage_random.py``: its width replaces the config's
+    joint_attention_dim; ``g2rpo rehearse``'s Qwen-Image model)."""
+    from diffusers import QwenImageTransformer2DModel
+
+    from ..world.qwenimage_random import (
+        build_qwen_text_encoder,
+        build_qwen_tokenizer,
+        save_qwenimage_pipeline,
+    )
+
+    torch.manual_seed(seed)
+    tokenizer = build_qwen_tokenizer()
+    text_encoder = build_qwen_text_encoder(len(tokenizer))
+    arch = {k: v for k, v in transformer.items() if not k.startswith("_")}
+    arch["joint_attention_dim"] = text_encoder.config.text_config.hidden_size
+    model = QwenImageTransformer2DModel.from_config(arch)
+    return save_qwenimage_pipeline(out, model, build_component("vae", vae), text_encoder, tokenizer)
 
 
 def text_stack_sd3_pipeline(out: Path, transformer: dict, vae: dict, seed: int = 0) -> Path:

@@ -144,31 +144,37 @@ def transformer_inputs(config: dict, batch: int, latent_hw: tuple[int, int], tex
     """A transformer call's inputs: FLUX's packed tokens, or SD3's [B, C, h, w] latent
     and its CLIP + T5 sequence (``text_tokens`` of T5 after CLIP's 77)."""
     h, w = latent_hw
-    if transformer_family(config) == "sd3":
+    family = transformer_family(config)
+    if family == "sd3":
         x = torch.randn(batch, config["in_channels"], h, w)
         text_tokens += SD3_CLIP_TOKENS
     else:
         x = torch.randn(batch, (h // 2) * (w // 2), config["in_channels"])
     t = torch.rand(batch)
-    cond = {
-        "encoder_hidden_states": torch.randn(batch, text_tokens, config["joint_attention_dim"]),
-        "pooled_projections": torch.randn(batch, config["pooled_projection_dim"]),
-    }
+    cond = {"encoder_hidden_states": torch.randn(batch, text_tokens, config["joint_attention_dim"])}
+    if family != "qwenimage":  # Qwen-Image: no mask, every row used (a full prompt's call)
+        cond["pooled_projections"] = torch.randn(batch, config["pooled_projection_dim"])
     return x, t, cond
 
 
 def velocity_of(model, config: dict, latent_hw, autocast_dtype, guided: bool = False):
     """The family's velocity adapter, as the rollout and the learner call the model
     (SD3 with classifier-free guidance runs the empty prompt's rows beside each)."""
-    if transformer_family(config) == "sd3":
+    family = transformer_family(config)
+    if family == "sd3":
         from ..common.sd3_pipeline import SD3Velocity
 
         return SD3Velocity(model, 4.5 if guided else 1.0, autocast_dtype)
+    if family == "qwenimage":
+        from ..common.qwenimage_pipeline import QwenImageVelocity
+
+        return QwenImageVelocity(model, *latent_hw, 4.0 if guided else 1.0, autocast_dtype)
     return FluxVelocity(model, *latent_hw, guidance=3.5, autocast_dtype=autocast_dtype)
 
 
 def guided_cond(cond: dict) -> dict:
-    """``cond`` with the empty prompt's rows an SD3 guided call also takes."""
+    """``cond`` with the negative prompt's rows a guided call (SD3, Qwen-Image) also
+    takes (both families name them ``negative_``)."""
     from ..common.sd3_pipeline import NEGATIVE
 
     return {**cond, **{NEGATIVE + k: torch.randn_like(v) for k, v in cond.items()}}
@@ -236,6 +242,8 @@ def depth_variants(config: dict) -> list[dict]:
             {"num_layers": 2, "dual_attention_layers": []},
             {"num_layers": 2, "dual_attention_layers": [0]},
         ]
+    if transformer_family(config) == "qwenimage":  # one kind of layer (two would do)
+        return [{"num_layers": n} for n in (1, 2, 3)]
     return [{"num_layers": a, "num_single_layers": b} for a, b in _DEPTHS]
 
 
@@ -243,6 +251,10 @@ def solve_depth(values: list[int], config: dict) -> dict:
     """The full depth's figure from the three traced ones (``depth_variants``): each
     block adds the same, so the solution is exact for FLOPs and linear for memory."""
     v1, v2, v3 = values
+    if transformer_family(config) == "qwenimage":
+        per_layer, base = v2 - v1, 2 * v1 - v2
+        total = base + per_layer * config["num_layers"]
+        return {"bytes": total, "per_layer": per_layer, "base": base}
     if transformer_family(config) == "sd3":
         per_layer, per_dual = v2 - v1, v3 - v2
         base = v1 - per_layer
@@ -268,6 +280,9 @@ def transformer_activations(config: dict, **shape) -> dict:
             if transformer_family(arch) == "sd3":  # a dual-attention layer, the largest
                 peak = trace_transformer_once(config, 1, 1, depth=variants[2], **shape)
                 return {"bytes": peak, "base": peak}
+            if transformer_family(arch) == "qwenimage":
+                peak = trace_transformer_once(config, 1, 1, depth=variants[0], **shape)
+                return {"bytes": peak, "base": peak}
             peak = trace_transformer_once(config, 1, 1, **shape)
             return {"bytes": peak, "per_double": 0, "per_single": 0, "base": peak}
         peaks = [trace_transformer_once(config, 1, 1, depth=d, **shape) for d in variants]
@@ -277,17 +292,26 @@ def transformer_activations(config: dict, **shape) -> dict:
     return cached("transformer", key, compute)
 
 
+def vae_and_latent(arch: dict, latent_hw: tuple[int, int]):
+    """A VAE of ``arch`` for inference and one image's latent (in the current mode:
+    callers trace on fake tensors): [1, C, h, w], or Qwen-Image's one-frame video
+    latent [1, C, 1, h, w]."""
+    from .presets import build_component
+
+    vae = build_component("vae", arch).eval().requires_grad_(False)
+    if "temperal_downsample" in arch:
+        return vae, torch.randn(1, arch["z_dim"], 1, *latent_hw)
+    return vae, torch.randn(1, arch["latent_channels"], *latent_hw)
+
+
 def vae_decode_activations(vae_config: dict, latent_hw: tuple[int, int]) -> int:
     """Peak transient bytes of decoding ONE image (fp32, no grad); a decode call of
     n images holds n times as much."""
     arch = {k: v for k, v in vae_config.items() if not k.startswith("_")}
 
     def compute() -> dict:
-        from diffusers import AutoencoderKL
-
         with _fake_mode():
-            vae = AutoencoderKL.from_config(arch).eval().requires_grad_(False)
-            z = torch.randn(1, arch["latent_channels"], *latent_hw)
+            vae, z = vae_and_latent(arch, latent_hw)
             tracker = ActivationPeakTracker(grads=False)
             tracker.track_external(vae)
             with tracker, torch.inference_mode():

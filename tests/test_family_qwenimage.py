@@ -112,3 +112,77 @@ def test_the_qwen_image_grid_is_its_schedulers_at_the_images_size(qwen_dir):
     assert (larger.sigmas[1:-2] > grid.sigmas[1:-2]).all()  # more tokens, more shift
     uniform = pipeline_sampling_grid(qwen_dir, STEPS, 3.0, False, "uniform", SIZE)
     assert float(uniform.sigmas[-2]) != pytest.approx(0.02)
+
+
+def test_qwen_image_random_weights_preset_saves_a_pipeline_diffusers_loads(qwen_dir, tmp_path):
+    # `g2rpo doctor --random-weights qwen-image --blocks L,0`: the preset's components
+    # (Qwen-Image's 20.4B transformer, 8.3B Qwen2.5-VL), here the test pipeline's configs
+    # in their place so it builds in a moment
+    import json
+
+    from g2rpo.planning import random_pipeline as rp
+    from g2rpo.planning.estimate import parameter_counts
+    from g2rpo.planning.presets import preset_config
+
+    assert set(rp.architecture_configs("qwen-image")) == {"transformer", "vae", "text_encoder"}
+    billions = {
+        c: parameter_counts(c, preset_config("qwen-image", c))["total"] / 1e9
+        for c in ("transformer", "text_encoder")
+    }
+    assert billions["transformer"] == pytest.approx(20.43, abs=0.01)
+    assert billions["text_encoder"] == pytest.approx(8.29, abs=0.01)
+    small = {
+        c: json.loads((qwen_dir / c / "config.json").read_text())
+        for c in rp.FAMILY_COMPONENTS["qwenimage"]
+    }
+    original = rp.architecture_configs
+    rp.architecture_configs = lambda name: small
+    try:
+        path = rp.build_random_pipeline(tmp_path / "p", "qwen-image", blocks=(1, 0))
+        with pytest.raises(Exception, match="LAYERS,0 for SD3 and Qwen-Image"):
+            rp.build_random_pipeline(tmp_path / "q", "qwen-image", blocks=(1, 2))
+    finally:
+        rp.architecture_configs = original
+    assert family_of(path) == "qwenimage"
+    comps = load_components(path)
+    assert comps.transformer.config.num_layers == 1
+    with torch.no_grad():
+        cond = comps.encode_prompts(PROMPTS, TOKENS)
+    assert cond["encoder_hidden_states"].shape == (2, TOKENS, 64)
+
+
+def test_the_qwen_image_rehearsal_model_keeps_the_recipes_data_sizes(tmp_path):
+    # `g2rpo rehearse` of a Qwen-Image recipe: Qwen-Image's latent geometry (8x VAE, 2x2
+    # tokens of 16 channels) and text sequence, shrunk in width and depth
+    from g2rpo.orchestration.rehearsal_setup import rehearsal_pipeline
+    from g2rpo.planning.presets import preset_config
+
+    archs = {c: preset_config("qwen-image", c) for c in ("transformer", "vae", "text_encoder")}
+    comps = load_components(rehearsal_pipeline(tmp_path / "p", archs, blocks=1))
+    assert comps.packed_shape(512, 512) == (1024, 64)  # as Qwen-Image's at 512²
+    with torch.no_grad():
+        cond = comps.encode_prompts(PROMPTS, 128)
+        images = comps.decode(torch.randn(1, 1024, 64), 512, 512)
+    assert cond["encoder_hidden_states"].shape[:2] == (2, 128)
+    assert cond["negative_encoder_hidden_states"].shape[:2] == (2, 128)
+    assert images.shape == (1, 512, 512, 3)
+
+
+def test_qwen_image_rollout_worker_plan_holds_its_traced_sample(qwen_dir):
+    # the plan's Qwen-Image terms (one Qwen2.5-VL encoder, packed latents, the guided call
+    # on two rows, a 3-D VAE's decode) against torch's MemTracker on the real worker core
+    from g2rpo.common.config import load_config
+    from g2rpo.planning.estimate import plan
+    from g2rpo.rollout_worker.worker import RolloutWorkerCore
+    from test_plan import SMALL, _actor, _traced_peak
+
+    over = [*SMALL, f"model.pretrained={qwen_dir}", "model.guidance=4.0"]
+    cfg = load_config(None, [*over, "sampling.max_batch=16", "sampling.decode_batch=16"])
+    core = RolloutWorkerCore(cfg, 0)
+    c = core.comps
+    with torch.no_grad():
+        traced = _traced_peak(
+            lambda: core.sample(0, PROMPTS), c.transformer, c.vae, c.text_encoder, grads=False
+        )
+    estimate = _actor(plan(cfg), "rollout worker").peak
+    assert estimate == pytest.approx(traced, rel=0.10)

@@ -41,7 +41,7 @@ def test_sd35_medium_preset_builds_with_published_size(component):
 
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_flux1_dev_preset_builds_with_published_size(component):
-    assert PRESETS == ("flux1-dev", "sd35-medium")
+    assert PRESETS == ("flux1-dev", "sd35-medium", "qwen-image")
     with torch.device("meta"):
         module = build_component(component, preset_config("flux1-dev", component))
     params = sum(p.numel() for p in module.parameters())

@@ -125,10 +125,10 @@ def test_plan_prints_hours_and_picks_a_layout_for_8_gpus():
 
 
 def test_readme_hours_are_the_plans():
-    """README's recipe tables give each FLUX and SD3.5 recipe's seconds per iteration and hours:
-    they must be what `g2rpo plan` says today."""
+    """README's recipe tables give each FLUX, SD3.5 and Qwen-Image recipe's seconds per
+    iteration and hours: they must be what `g2rpo plan` says today."""
     text = (REPO / "README.md").read_text()
-    recipe = ("flux", "sd35")
+    recipe = ("flux", "sd35", "qwenimage")
     rows = [
         x
         for x in text.splitlines()
