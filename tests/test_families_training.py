@@ -64,3 +64,60 @@ def test_qwen_image_trains_three_iterations(warm, world, scorer_url, tmp_path):
         for a, b in zip(final.state_dict().values(), base.state_dict().values(), strict=True)
     ]
     assert any(moved)
+
+
+@pytest.mark.parametrize("family", ["sd3", "qwenimage"])
+def test_compare_runs_and_evaluates_each_family(family, warm, world, scorer_url, tmp_path):
+    # `g2rpo compare` (in-process, the session's warm actors) of two methods on each
+    # family's random pipeline: trained, then evaluated on fixed noise through the
+    # family's own loader, guidance and σ grid
+    import json
+
+    from g2rpo.common.config import dump_config, load_config
+    from g2rpo.evaluation.compare import compare
+    from g2rpo.evaluation.compare_spec import load_spec
+    from g2rpo.orchestration.warm_trainer import WarmTrainer
+    from small_run import SMALL_RUN
+
+    if family == "sd3":
+        from g2rpo.world.sd3_random import build_random_sd3_pipeline as build
+
+        extra = ["model.guidance=4.5"]
+    else:
+        from g2rpo.world.qwenimage_random import build_random_qwenimage_pipeline as build
+
+        extra = ["model.guidance=4.0", "model.quantize_timestep=false"]
+    pipeline = build(tmp_path / family, seed=3)
+    base = load_config(
+        None,
+        [
+            *SMALL_RUN,
+            *extra,
+            f"model.pretrained={pipeline}",
+            "sampling.sigma_grid=diffusers",
+            f"train.reward.urls=[{scorer_url}]",
+            "train.eval.on_actor=false",
+            "train.checkpoints.every=5",
+        ],
+    )
+    (tmp_path / "base.yaml").write_text(dump_config(base))
+    (tmp_path / "spec.yaml").write_text(
+        f"""
+name: {family}
+output_dir: {tmp_path / "out"}
+base_config: {tmp_path / "base.yaml"}
+seeds: [0]
+methods:
+  g2rpo: {{label: G2RPO}}
+  flowgrpo_fast:
+    set: [algorithm.name=flowgrpo_fast, optim.step_mode=per_samples]
+budget: {{iterations: 1}}
+eval: {{splits: [held_out], prompts_per_split: 2, samples_per_prompt: 2}}
+"""
+    )
+    root = compare(load_spec(tmp_path / "spec.yaml"), progress=False, train_one=WarmTrainer(warm))
+    results = json.loads((root / "results.json").read_text())
+    assert list(results["methods"]) == ["g2rpo", "flowgrpo_fast"]
+    for run in results["runs"]:
+        assert run["finished"]["reason"] == "iterations" and run["iterations"] == 1
+        assert "shapes_clip" in run["views"]["budget"]["held_out"]["vs_base"]
