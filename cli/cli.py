@@ -119,10 +119,22 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     if existing.exists():  # said before torch loads (pretrain itself checks it too)
         raise UsageError(f"{existing} already exists; choose another --out")
     import torch
-    from g2rpo.world.pretrain import pretrain
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.family != "flux":
+        from g2rpo.world.family_world import pretrain_family
+
+        meta = pretrain_family(
+            args.out, args.family, quick=args.quick, seed=args.seed, progress=not args.no_progress
+        )
+        print(
+            f"wrote {args.out}/pipeline ({args.family} layout) and {args.out}/shapes_clip in "
+            f"{meta['timings']['flow_s']:.0f} s; final flow loss {meta['flow_loss_ema']:.4f}"
+        )
+        return 0
+    from g2rpo.world.pretrain import pretrain
+
     meta = pretrain(args.out, quick=args.quick, seed=args.seed, progress=not args.no_progress)
     t = meta["timings"]
     print(
@@ -181,6 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a test-sized world in about 20 s (the layout, not the quality)",
     )
     pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument(
+        "--family",
+        choices=("flux", "sd3"),
+        default="flux",
+        help="the pipeline layout: flux (the whole world, VAE and reward included) or sd3 "
+        "(an SD3 pipeline on the committed FLUX world's VAE, with its shapes_clip)",
+    )
     pre.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     pre.add_argument("--no-progress", action="store_true", help="hide progress bars")
     pre.set_defaults(func=_cmd_pretrain)

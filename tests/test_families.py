@@ -219,3 +219,25 @@ def test_sd3_rollout_worker_plan_holds_its_traced_sample(sd3_dir):
         )
     estimate = _actor(plan(cfg), "rollout worker").peak
     assert estimate == pytest.approx(traced, rel=0.10)
+
+
+def test_sd3_world_trains_on_the_flux_worlds_vae_and_evaluates(tmp_path):
+    # `g2rpo pretrain --family sd3 --quick`: the layout and the code path (the committed
+    # world's VAE and shapes_clip, SD3's transformer and three encoders trained through
+    # the family's own encoding), then the world's own evaluation on it
+    from g2rpo.world.evaluate import evaluate_world
+    from g2rpo.world.family_world import pretrain_family
+
+    meta = pretrain_family(tmp_path / "w", "sd3", quick=True, progress=False)
+    assert meta["family"] == "sd3" and meta["quick"] and meta["flow_loss_ema"] > 0
+    world = tmp_path / "w"
+    assert family_of(world / "pipeline") == "sd3"
+    vae = world / "pipeline" / "vae" / "diffusion_pytorch_model.safetensors"
+    committed = DEFAULT_WORLD / "pipeline" / "vae" / "diffusion_pytorch_model.safetensors"
+    assert vae.read_bytes() == committed.read_bytes()  # the same latents as the FLUX world's
+    report = evaluate_world(world, samples_per_prompt=1)
+    assert report["held_out"]["samples"] == len(meta["split"]["held_out"])
+    assert 0 <= report["held_out"]["checker"]["pass"] <= 1
+    assert report["shapes_clip_auc"] > 0.9  # the copied reward still separates pairs
+    with pytest.raises(Exception, match="already exists"):
+        pretrain_family(world, "sd3", quick=True, progress=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..common.flux_pipeline import FluxComponents
+from ..common.families import PipelineComponents, load_components
 from ..common.schedules import sampling_grid
 from ..common.shapes import ShapeSpec, render_batch, split_combinations
 from ..reward_server.scorers.clip_score import ClipScore
@@ -22,7 +22,7 @@ IMAGE_SIZE = 32
 
 
 def sample_images(
-    comps: FluxComponents,
+    comps: PipelineComponents,
     prompts: list[str],
     seed: int,
     num_steps: int = 16,
@@ -67,7 +67,7 @@ def evaluate_world(
     grid_path: str | Path | None = None,
 ) -> dict:
     world = Path(world_dir)
-    comps = FluxComponents.load(world / "pipeline")
+    comps = load_components(world / "pipeline")  # any family's world
     clip = ClipScore(world / "shapes_clip", name="shapes_clip")
     oracle = ShapesOracle()
     train, held = split_combinations()
