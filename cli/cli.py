@@ -130,7 +130,7 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
         )
         print(
             f"wrote {args.out}/pipeline ({args.family} layout) and {args.out}/shapes_clip in "
-            f"{meta['timings']['flow_s']:.0f} s; final flow loss {meta['flow_loss_ema']:.4f}"
+            f"{sum(meta['timings'].values()):.0f} s; final flow loss {meta['flow_loss_ema']:.4f}"
         )
         return 0
     from g2rpo.world.pretrain import pretrain
@@ -195,10 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument(
         "--family",
-        choices=("flux", "sd3"),
+        choices=("flux", "sd3", "qwenimage"),
         default="flux",
-        help="the pipeline layout: flux (the whole world, VAE and reward included) or sd3 "
-        "(an SD3 pipeline on the committed FLUX world's VAE, with its shapes_clip)",
+        help="the pipeline layout: flux (the whole world, VAE and reward included), sd3 "
+        "(on the committed FLUX world's VAE) or qwenimage (its own 3-D VAE); the last two "
+        "copy the committed world's shapes_clip",
     )
     pre.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     pre.add_argument("--no-progress", action="store_true", help="hide progress bars")

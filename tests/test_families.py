@@ -221,23 +221,34 @@ def test_sd3_rollout_worker_plan_holds_its_traced_sample(sd3_dir):
     assert estimate == pytest.approx(traced, rel=0.10)
 
 
-def test_sd3_world_trains_on_the_flux_worlds_vae_and_evaluates(tmp_path):
-    # `g2rpo pretrain --family sd3 --quick`: the layout and the code path (the committed
-    # world's VAE and shapes_clip, SD3's transformer and three encoders trained through
-    # the family's own encoding), then the world's own evaluation on it
+@pytest.mark.parametrize("family", ["sd3", "qwenimage"])
+def test_a_family_world_trains_and_evaluates(family, tmp_path):
+    # `g2rpo pretrain --family F --quick`: the layout and the code path (SD3 on the
+    # committed world's VAE, Qwen-Image on its own 3-D VAE with per-channel latent
+    # statistics; the transformer and encoders trained through the family's own
+    # encoding), then the world's own evaluation on it
     from g2rpo.world.evaluate import evaluate_world
     from g2rpo.world.family_world import pretrain_family
 
-    meta = pretrain_family(tmp_path / "w", "sd3", quick=True, progress=False)
-    assert meta["family"] == "sd3" and meta["quick"] and meta["flow_loss_ema"] > 0
+    meta = pretrain_family(tmp_path / "w", family, quick=True, progress=False)
+    assert meta["family"] == family and meta["quick"] and meta["flow_loss_ema"] > 0
     world = tmp_path / "w"
-    assert family_of(world / "pipeline") == "sd3"
+    assert family_of(world / "pipeline") == family
     vae = world / "pipeline" / "vae" / "diffusion_pytorch_model.safetensors"
     committed = DEFAULT_WORLD / "pipeline" / "vae" / "diffusion_pytorch_model.safetensors"
-    assert vae.read_bytes() == committed.read_bytes()  # the same latents as the FLUX world's
+    if family == "sd3":  # the same latents as the FLUX world's
+        assert vae.read_bytes() == committed.read_bytes()
+    else:
+        config = json.loads((world / "pipeline" / "vae" / "config.json").read_text())
+        assert len(config["latents_mean"]) == len(config["latents_std"]) == 16
+        from diffusers import AutoencoderKLQwenImage
+
+        default = AutoencoderKLQwenImage.from_config({}).config.latents_std
+        assert config["latents_std"] != list(default)  # measured here, not Qwen-Image's
+        assert load_components(world / "pipeline").packed_shape(32, 32) == (16, 64)
     report = evaluate_world(world, samples_per_prompt=1)
     assert report["held_out"]["samples"] == len(meta["split"]["held_out"])
     assert 0 <= report["held_out"]["checker"]["pass"] <= 1
     assert report["shapes_clip_auc"] > 0.9  # the copied reward still separates pairs
     with pytest.raises(Exception, match="already exists"):
-        pretrain_family(world, "sd3", quick=True, progress=False)
+        pretrain_family(world, family, quick=True, progress=False)
