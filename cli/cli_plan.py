@@ -158,16 +158,16 @@ def add_doctor_parser(sub) -> None:
         "--random-weights",
         default=None,
         metavar="ARCH",
-        help="random weights instead of model.pretrained: flux1-dev or sd35-medium (the "
-        "shipped FLUX.1-dev and SD3.5-Medium configs) or tiny (the committed world's), saved "
-        "in model.dtype to a temporary dir",
+        help="random weights instead of model.pretrained: flux1-dev, sd35-medium or "
+        "qwen-image (the shipped FLUX.1-dev, SD3.5-Medium and Qwen-Image configs) or tiny (the "
+        "committed world's), saved in model.dtype to a temporary dir",
     )
     d.add_argument(
         "--blocks",
         default=None,
         metavar="DOUBLE,SINGLE",
         help="with --random-weights: the transformer's width with this many blocks (e.g. 2,4; "
-        "SD3: LAYERS,0)",
+        "SD3 and Qwen-Image: LAYERS,0)",
     )
     d.add_argument(
         "--scorers",

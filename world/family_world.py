@@ -43,7 +43,7 @@ from .vae import encode_images
 
 FAMILIES = ("sd3", "qwenimage")
 QWEN_VAE = dict(  # 4x as the FLUX world's VAE: 2 ** len(temperal_downsample)
-    base_dim=32, z_dim=16, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[False, True]
+    base_dim=16, z_dim=16, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[False, True]
 )
 EMPTY_PROMPT_RATE = 0.1  # caption dropout: the unconditional model CFG extrapolates from
 IMAGE_SIZE = 32
