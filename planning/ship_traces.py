@@ -31,6 +31,7 @@ def shipped_plans() -> list[tuple[Path, list[str], float]]:
     """(config, overrides, GiB per GPU) of every plan the table answers without tracing."""
     flux = sorted((ROOT / "configs").glob("*flux*.yaml"))
     flux += sorted((ROOT / "configs").glob("*sd35*.yaml"))
+    flux += sorted((ROOT / "configs").glob("*qwenimage*.yaml"))
     hps = ROOT / "configs" / "flux_hps.yaml"
     settings = [(path, []) for path in flux]
     settings += [
