@@ -252,3 +252,18 @@ def test_a_family_world_trains_and_evaluates(family, tmp_path):
     assert report["shapes_clip_auc"] > 0.9  # the copied reward still separates pairs
     with pytest.raises(Exception, match="already exists"):
         pretrain_family(world, family, quick=True, progress=False)
+
+
+def test_the_committed_sd3_world_draws_the_prompts_colours():
+    # assets/shapes-world-sd3 (README there: 47% held-out checker pass, every colour right)
+    from g2rpo.common.shapes import split_combinations
+    from g2rpo.reward_server.scorers.shapes_oracle import ShapesOracle
+    from g2rpo.world.evaluate import sample_images
+
+    world = DEFAULT_WORLD.parent / "shapes-world-sd3"
+    meta = json.loads((world / "world.json").read_text())
+    assert meta["family"] == "sd3" and not meta["quick"]
+    comps = load_components(world / "pipeline")
+    prompts = [s.prompt for s in split_combinations()[1][:8]]  # held out
+    checks = ShapesOracle().checks(sample_images(comps, prompts, seed=0), prompts)
+    assert all(c.bg_ok and c.fg_ok for c in checks)
