@@ -329,12 +329,12 @@ class QwenImageComponents:
         h, w = self.latent_size(height, width)
         config = self.vae.config
         device, dtype = next(self.vae.parameters()).device, next(self.vae.parameters()).dtype
-        mean = torch.tensor(config.latents_mean).view(1, -1, 1, 1, 1)
-        std = torch.tensor(config.latents_std).view(1, -1, 1, 1, 1)
+        mean = torch.tensor(config.latents_mean, device=device).view(1, -1, 1, 1, 1)
+        std = torch.tensor(config.latents_std, device=device).view(1, -1, 1, 1, 1)
         out = []
         for lo in range(0, packed.shape[0], batch):
-            z = unpack_latents(packed[lo : lo + batch].float().cpu(), h, w).unsqueeze(2)
-            z = (z * std + mean).to(device, dtype)
+            z = unpack_latents(packed[lo : lo + batch].to(device, torch.float32), h, w)
+            z = (z.unsqueeze(2) * std + mean).to(dtype)
             img = self.vae.decode(z, return_dict=False)[0][:, :, 0]
             img = ((img.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
             out.append(img.permute(0, 2, 3, 1).cpu())
