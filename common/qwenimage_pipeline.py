@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from .flux import compute_dtype, sdpa_backends, transformer_call, unpack_latents
-from .flux_pipeline import vae_scale_factor
+from .flux_pipeline import latent_size, vae_scale_factor
 from .loaders import resolve_local_dir
 
 COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer")
@@ -244,13 +244,9 @@ class QwenImageComponents:
         return next(self.transformer.parameters()).device
 
     def latent_size(self, height: int, width: int) -> tuple[int, int]:
-        """Unpacked latent (h, w) of an image; both must pack into 2x2 tokens."""
-        factor = vae_scale_factor(self.vae.config)
-        if height % (2 * factor) or width % (2 * factor):
-            raise ValueError(
-                f"height and width must be multiples of {2 * factor}, got {height}x{width}"
-            )
-        return height // factor, width // factor
+        """Unpacked latent (h, w) of an image; both must pack into 2x2 tokens (FLUX's rule,
+        with the 3-D VAE's scale factor)."""
+        return latent_size(self.vae.config, height, width)
 
     def packed_shape(self, height: int, width: int) -> tuple[int, int]:
         """(tokens, channels) of one packed latent: the engine's sample shape."""
