@@ -10,10 +10,11 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .rollout_plan import RolloutPlan
+from .shared_tensors import SharedWhenPickled
 
 
 @dataclass
-class Transitions:
+class Transitions(SharedWhenPickled):
     """The trained SDE steps of a rollout, as the learner needs them.
 
     States are deduplicated: in G²RPO the G members of a group share their anchor
@@ -72,7 +73,7 @@ class Transitions:
 
 
 @dataclass
-class Trajectories:
+class Trajectories(SharedWhenPickled):
     worker: int
     iteration: int
     version: int

@@ -6,9 +6,51 @@ import torch
 
 from ..common.trajectories import Trajectories, Transitions, adv_slot_offsets
 
+# the sample tensors: gigabytes in a real iteration, kept where they arrived
+_STACKED = ("states", "next_samples", "old_means")
+
+
+class RowStack:
+    """Tensors laid end to end along their first dimension without copying them:
+    indexing with row numbers gathers just those rows. A learner rank recomputes a
+    few states at a time, so concatenating every worker's batch would only make a
+    private copy of the whole iteration (the batches themselves are views of Ray's
+    shared object store: ``common/shared_tensors.py``)."""
+
+    def __init__(self, parts: list[torch.Tensor]) -> None:
+        tail = {tuple(p.shape[1:]) for p in parts}
+        if len(tail) != 1 or len({p.dtype for p in parts}) != 1:
+            raise ValueError(
+                f"batches disagree on a sample tensor's layout: shapes "
+                f"{[tuple(p.shape) for p in parts]}, dtypes {sorted({str(p.dtype) for p in parts})}"
+            )
+        self.parts = parts
+        self.starts = torch.tensor([0, *torch.cumsum(torch.tensor([len(p) for p in parts]), 0)])
+        self.shape = torch.Size([int(self.starts[-1]), *parts[0].shape[1:]])
+        self.dtype = parts[0].dtype
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: torch.Tensor) -> torch.Tensor:
+        if not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.is_floating_point():
+            raise TypeError("a RowStack is indexed by a 1-D tensor of row numbers or a mask")
+        if rows.dtype == torch.bool:
+            rows = rows.nonzero().flatten()
+        rows = rows.cpu()
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= len(self)):
+            raise IndexError(f"rows outside 0..{len(self) - 1}")
+        part = torch.searchsorted(self.starts[1:], rows, right=True)
+        out = torch.empty((rows.numel(), *self.shape[1:]), dtype=self.dtype)
+        for p in torch.unique(part).tolist():
+            mine = part == p
+            out[mine] = self.parts[p][rows[mine] - self.starts[p]]
+        return out
+
 
 def merge(batches: list[Trajectories]) -> tuple[Transitions, dict[str, torch.Tensor]]:
-    """Concatenate workers' transitions, re-indexing states, prompts and advantage slots."""
+    """Workers' transitions as one, re-indexing states, prompts and advantage slots; the
+    sample tensors are stacked (``RowStack``), the rest concatenated."""
     parts, conds = [], []
     s_off = p_off = 0
     for b, a_off in zip(batches, adv_slot_offsets(batches), strict=True):
@@ -38,7 +80,11 @@ def merge(batches: list[Trajectories]) -> tuple[Transitions, dict[str, torch.Ten
                 torch.ones(len(p), dtype=torch.float64) if t is None else t
                 for p, t in zip(parts, tensors, strict=True)
             ]
-        return None if any(t is None for t in tensors) else torch.cat(tensors)
+        if any(t is None for t in tensors):
+            return None
+        if name in _STACKED:
+            return tensors[0] if len(tensors) == 1 else RowStack(tensors)
+        return torch.cat(tensors)
 
     merged = Transitions(**{f: cat(f) for f in Transitions.__dataclass_fields__})
     cond = {k: torch.cat([c[k] for c in conds]) for k in conds[0]}
