@@ -21,14 +21,10 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-
-class Section(BaseModel):
-    """Unknown keys are errors; assignments are validated (shared by every section)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+from .config_guard import GuardConfig
+from .config_section import Section
 
 Resources = dict[str, float]
 
@@ -319,6 +315,7 @@ class TrainConfig(Section):
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     reward: RewardServiceConfig = Field(default_factory=RewardServiceConfig)
+    guard: GuardConfig = Field(default_factory=GuardConfig)
 
     def ray_options(self, kind: ActorResources) -> dict:
         """The options ``Actor.options(**...)`` takes for an actor of ``kind`` (one of

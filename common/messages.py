@@ -55,9 +55,13 @@ class PublishedWeights:
 class EvalSamples:
     """An evaluator's held-out samples of one version: uint8 images [N, H, W, 3],
     scores per scorer (one per image), the seconds sampling and scoring took, and
-    the weights version that sampled them (the driver checks it is the one it meant)."""
+    the weights version that sampled them (the driver checks it is the one it meant);
+    the image-health measures of every image (``common/image_health.py``) and its
+    16×16 thumbnail [N, 16, 16, 3], from which the driver measures it against the base."""
 
     images: np.ndarray
     scores: dict[str, list[float]]
     seconds: float
     version: int
+    health: dict[str, list[float]] = field(default_factory=dict)
+    thumbnails: np.ndarray | None = None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..common import image_health
 from ..common.shapes import parse_prompt, render_batch
 from ..common.stats import per_prompt_means
 from ..run_directory.grids import labelled_grid, spread_rows
@@ -16,8 +17,20 @@ from .evaluate import EvalSettings, SplitSamples
 from .metrics import paired, summarise
 
 
+def health_values(samples: SplitSamples, base: SplitSamples | None) -> dict[str, np.ndarray]:
+    """Every sample's image-health measures (common/image_health.py), those against the
+    base on the base's sample of the same noise (without a base: against itself, 0)."""
+    thumbs = image_health.thumbnails(samples.images)
+    base_thumbs = None if base is None else image_health.thumbnails(base.images)
+    return {
+        **image_health.per_image(samples.images),
+        **image_health.against_base(thumbs, base_thumbs, samples.per_prompt),
+    }
+
+
 def split_summary(samples: SplitSamples, base: SplitSamples | None = None, seed: int = 0) -> dict:
-    """Means with CIs per metric, and (with a base) the paired differences."""
+    """Means with CIs per metric, and (with a base) the paired differences; the same
+    for the image-health measures under ``health``."""
     n_prompts = len(samples.prompts)
     out = {
         "prompts": n_prompts,
@@ -32,6 +45,14 @@ def split_summary(samples: SplitSamples, base: SplitSamples | None = None, seed:
             raise ValueError(f"split {samples.split}: base and model were sampled differently")
         diffs = paired(samples.values, base.values, n_prompts, seed)
         out["vs_base"] = {k: v.as_dict() for k, v in diffs.items()}
+    health = health_values(samples, base)
+    out["health"] = {
+        "metrics": {k: v.as_dict() for k, v in summarise(health, n_prompts, seed).items()}
+    }
+    if base is not None:
+        own = health_values(base, None)
+        diffs = paired(health, own, n_prompts, seed)
+        out["health"]["vs_base"] = {k: v.as_dict() for k, v in diffs.items()}
     return out
 
 
@@ -65,15 +86,27 @@ def markdown_table(summary: dict, base_summary: dict | None = None) -> str:
         rule += "---|---|"
     lines = [head, rule]
     for split, s in summary["splits"].items():
-        for metric, iv in s["metrics"].items():
-            row = f"| {split} | {metric} | {_fmt(iv)} |"
-            if has_base:
-                b = (base_summary or {}).get("splits", {}).get(split, {}).get("metrics", {})
-                diff = s.get("vs_base", {}).get(metric)
-                row += f" {_fmt(b[metric]) if metric in b else '—'} |"
-                row += f" {_fmt(diff, signed=True) if diff else '—'} |"
-            lines.append(row)
+        base_split = (base_summary or {}).get("splits", {}).get(split, {})
+        tables = [(s["metrics"], s.get("vs_base", {}), base_split.get("metrics", {}), "")]
+        if "health" in s:
+            h, bh = s["health"], base_split.get("health", {})
+            tables.append((h["metrics"], h.get("vs_base", {}), bh.get("metrics", {}), "health/"))
+        for metrics, vs_base, b, prefix in tables:
+            for metric, iv in metrics.items():
+                lines.append(
+                    _table_row(
+                        split, prefix + metric, iv, has_base, b.get(metric), vs_base.get(metric)
+                    )
+                )
     return "\n".join(lines) + "\n"
+
+
+def _table_row(split, metric, iv, has_base, base_iv, diff) -> str:
+    row = f"| {split} | {metric} | {_fmt(iv)} |"
+    if has_base:
+        row += f" {_fmt(base_iv) if base_iv else '—'} |"
+        row += f" {_fmt(diff, signed=True) if diff else '—'} |"
+    return row
 
 
 def truth_tiles(prompts: list[str], seed: int = 7) -> np.ndarray | None:

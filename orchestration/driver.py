@@ -41,6 +41,7 @@ from ..run_directory.files import (
 from .budget import Budget
 from .cluster import RunActors, record_actors, start_actors
 from .evaluations import PendingEval, evaluate_part, gather, record_evaluation, start_parts
+from .guard import Guard
 from .lifecycle import attach_telemetry, finish, nothing_left, open_run, resume_point
 from .phase_clock import PhaseClock
 from .placement import object_store_too_small
@@ -81,6 +82,7 @@ class TrainingLoop:
     eval_prompts: list[str]  # each eval prompt repeated train.eval.per_prompt times
     budget: Budget = field(init=False)
     publisher: object = field(init=False)
+    guard: Guard = field(init=False)
     first_eval: dict | None = None
     last_eval_nfe: int | None = None
     exporter: object = None
@@ -100,6 +102,7 @@ class TrainingLoop:
 
     def __post_init__(self) -> None:
         self.budget = Budget(self.cfg.run.nfe_budget)
+        self.guard = Guard(self.cfg.train.guard)
         self.publisher = publisher_for(self.actors, self.cfg)
         self.restart_s = worker_start_timeout_s(self.cfg)
 
@@ -160,7 +163,13 @@ class TrainingLoop:
         if samples is None:
             return {"eval_timed_out": 1}
         record, row = record_evaluation(
-            self.run_dir, pending, samples, self.eval_prompts, t.eval.per_prompt, self.first_eval
+            self.run_dir,
+            pending,
+            samples,
+            self.eval_prompts,
+            t.eval.per_prompt,
+            self.first_eval,
+            [r.name for r in self.cfg.rewards],
         )
         self.last_eval_nfe = pending.nfe_train_total
         if self.first_eval is None:
@@ -362,8 +371,9 @@ class TrainingLoop:
                 # (--max-iterations) evaluates its last iteration here instead.
                 short = stops_short(it, end, self.cfg.run.iterations)
                 row = self.iteration(it, last, evaluate=short)
+                row.update(self.guard.observe(row))  # train.guard: hacking judged here
                 done = it + 1
-                stop = done == end or self.budget.exhausted()
+                stop = done == end or self.budget.exhausted() or self.guard.tripped is not None
                 self.record(row, stop)
                 t = self.cfg.train
                 if done % t.checkpoints.every == 0 or stop or done in t.checkpoints.at:

@@ -95,20 +95,32 @@ def merge(parts: list[EvalSamples]) -> EvalSamples:
     if len(parts) == 1:
         return parts[0]
     scores = {name: [s for p in parts for s in p.scores[name]] for name in parts[0].scores}
+    health = {name: [s for p in parts for s in p.health[name]] for name in parts[0].health}
     shown = [p.images for p in parts if len(p.images)]
     images = np.concatenate(shown) if shown else parts[0].images
-    return EvalSamples(images, scores, max(p.seconds for p in parts), parts[0].version)
+    thumbs = [p.thumbnails for p in parts]
+    return EvalSamples(
+        images,
+        scores,
+        max(p.seconds for p in parts),
+        parts[0].version,
+        health=health,
+        thumbnails=None if any(t is None for t in thumbs) else np.concatenate(thumbs),
+    )
 
 
-def record_evaluation(run_dir, pending: PendingEval, samples, prompts, per_prompt, first):
-    """Save an evaluation's per-sample scores (evals/it_N.json) and its sample grid;
-    returns (the record, its row entries: means and the paired change since ``first``,
-    the run's first evaluation)."""
+def record_evaluation(run_dir, pending: PendingEval, samples, prompts, per_prompt, first, trained):
+    """Save an evaluation's per-sample scores and image-health measures (evals/it_N.json,
+    with the thumbnails the next evaluations are measured against) and its sample grid;
+    returns (the record, its row entries: means, the paired change since ``first``, the
+    run's first evaluation, and the trained-vs-held-out drift of ``trained`` rewards)."""
+    from ..common import image_health
     from ..evaluation.metrics import pass_from_scores
     from ..run_directory.files import save_evaluation, write_sample_grid
-    from .records import eval_row
+    from .records import HEALTH, drift_entries, eval_row
 
     values = pass_from_scores(samples.scores)
+    health = {k: np.asarray(v, dtype=np.float64) for k, v in samples.health.items()}
     record = {
         "iteration": pending.iteration,
         "version": pending.weights.version,
@@ -117,6 +129,12 @@ def record_evaluation(run_dir, pending: PendingEval, samples, prompts, per_promp
         "per_prompt": per_prompt,
         "scores": {k: v.round(6).tolist() for k, v in values.items()},
     }
+    if samples.thumbnails is not None:
+        base = first.get("thumbnails") if first else None
+        base = None if base is None else image_health.decode_thumbnails(base)
+        health.update(image_health.against_base(samples.thumbnails, base, per_prompt))
+        record["thumbnails"] = image_health.encode_thumbnails(samples.thumbnails)
+    record["health"] = {k: v.round(6).tolist() for k, v in health.items()}
     save_evaluation(run_dir, pending.iteration, record)
     write_sample_grid(
         run_dir / "samples" / f"it_{pending.iteration:05d}.png",
@@ -126,5 +144,6 @@ def record_evaluation(run_dir, pending: PendingEval, samples, prompts, per_promp
         title=f"iteration {pending.iteration} (weights v{pending.weights.version}), "
         "held-out prompts",
     )
-    row = eval_row(values, first, per_prompt)
+    row = eval_row({**values, **{HEALTH + k: v for k, v in health.items()}}, first, per_prompt)
+    row.update(drift_entries(row, trained))
     return record, {**row, "time/eval_work_s": samples.seconds}

@@ -4,6 +4,7 @@ finished with its final weights and their evaluation."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..common.config import G2RPOConfig, dump_config, load_config
@@ -52,6 +53,8 @@ def nothing_left(cfg: G2RPOConfig, run_dir: Path) -> bool:
     if last > cfg.run.iterations:
         return False  # resume_point says why that cannot be resumed
     if last < cfg.run.iterations:
+        if done["reason"] == "guard":
+            return (run_dir / "final").is_dir()
         if done["reason"] != "nfe_budget":
             return False
         spent = Budget(cfg.run.nfe_budget, rows[-1]["nfe_train_total"], rows[-1]["nfe_train"])
@@ -73,6 +76,7 @@ def resume_point(loop) -> int:
             f"iteration {start}; resume with --set run.iterations=N for N >= {start}"
         )
     rows = truncate_metrics(run_dir, start)
+    loop.guard.replay(rows)
     if rows:
         loop.budget.total = rows[-1].get("nfe_train_total", 0)
         loop.budget.last = rows[-1].get("nfe_train", 0)
@@ -103,6 +107,9 @@ def finish(loop, start: int, done: int) -> None:
         reason = "iterations"
     elif loop.budget.exhausted():
         reason = "nfe_budget"
+    elif loop.guard.tripped is not None:
+        reason = "guard"
+        print(loop.guard.message(), file=sys.stderr)
     else:
         return  # stopped by --max-iterations: resumable, not finished
     if done > start or not (run_dir / "final").exists():

@@ -9,6 +9,17 @@ import torch
 
 from ..common.config import G2RPOConfig
 
+HEALTH = "health/"  # the image-health measures' prefix among an evaluation's values
+
+
+def record_values(record: dict) -> dict[str, np.ndarray]:
+    """Every per-sample value of a saved evaluation record: its scores, and its
+    image-health measures as ``health/<measure>``."""
+    values = {k: np.asarray(v, dtype=np.float64) for k, v in record["scores"].items()}
+    for k, v in record.get("health", {}).items():
+        values[HEALTH + k] = np.asarray(v, dtype=np.float64)
+    return values
+
 
 def eval_row(values: dict, first: dict | None, per_prompt: int) -> dict:
     """Row entries of one evaluation: the mean of each metric and, against the run's
@@ -19,10 +30,11 @@ def eval_row(values: dict, first: dict | None, per_prompt: int) -> dict:
     if first is None:
         return row
     n_prompts = len(first["prompts"])
+    before = record_values(first)
     for k, v in values.items():
-        if k in first["scores"] and len(first["scores"][k]) == len(v):
+        if k in before and len(before[k]) == len(v):
             diff = paired_difference(
-                per_prompt_means(v, n_prompts), per_prompt_means(first["scores"][k], n_prompts)
+                per_prompt_means(v, n_prompts), per_prompt_means(before[k], n_prompts)
             )
             row[f"eval/{k}/delta"] = diff.mean
             row[f"eval/{k}/delta_lo"] = diff.lo
@@ -30,11 +42,39 @@ def eval_row(values: dict, first: dict | None, per_prompt: int) -> dict:
     return row
 
 
+def held_out_metrics(row: dict, trained: list[str]) -> list[str]:
+    """The evaluation's reward metrics the run does not train on (a trained scorer's
+    parts, as the checker's ``/pass``, count as trained)."""
+    names = {k[len("eval/") :].removesuffix("/delta") for k in row if k.endswith("/delta")}
+    return sorted(
+        n
+        for n in names
+        if not n.startswith(HEALTH)
+        and not n.startswith("drift/")
+        and n.split("/")[0] not in trained
+    )
+
+
+def drift_entries(row: dict, trained: list[str]) -> dict:
+    """The trained-vs-held-out divergence of one evaluation: ``eval/drift/diverging`` is 1
+    when a trained reward's paired change since the first evaluation has its 95% CI above
+    0 while a held-out reward's is below 0 (the run pleases its reward and loses what it
+    was not paid for), else 0; ``eval/drift/<metric>`` repeats each held-out metric's
+    change. Nothing without a first evaluation or a held-out scorer."""
+    held_out = held_out_metrics(row, trained)
+    gains = [row[f"eval/{n}/delta_lo"] for n in trained if f"eval/{n}/delta_lo" in row]
+    if not held_out or not gains:
+        return {}
+    out = {f"eval/drift/{n}": row[f"eval/{n}/delta"] for n in held_out}
+    falling = any(row[f"eval/{n}/delta_hi"] < 0 for n in held_out)
+    out["eval/drift/diverging"] = float(max(gains) > 0 and falling)
+    return out
+
+
 def evaluation_change(first: dict, record: dict) -> dict:
     """``eval_row`` of a saved evaluation record (evals/it_N.json) against the run's
     first: each metric's mean, and its paired change since ``first`` with its 95% CI."""
-    values = {k: np.asarray(v, dtype=np.float64) for k, v in record["scores"].items()}
-    return eval_row(values, first, record["per_prompt"])
+    return eval_row(record_values(record), first, record["per_prompt"])
 
 
 def summarise_batches(batches, stats: dict) -> dict:

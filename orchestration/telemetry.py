@@ -38,6 +38,32 @@ class TrainingExporter:
             ["reward", "bound"],
             registry=r,
         )
+        self.health = Gauge(
+            "g2rpo_train_eval_health",
+            "Image-health measure of the held-out samples (common/image_health.py)",
+            ["measure"],
+            registry=r,
+        )
+        self.health_change = Gauge(
+            "g2rpo_train_eval_health_change",
+            "Image-health measure's paired change since the run's first evaluation: its mean "
+            "and 95% CI bounds",
+            ["measure", "bound"],
+            registry=r,
+        )
+        self.drift_diverging = Gauge(
+            "g2rpo_train_eval_drift_diverging",
+            "1 when a trained reward rose since the first evaluation (95% CI above 0) while "
+            "a held-out reward fell (CI below 0)",
+            registry=r,
+        )
+        self.guard = Gauge(
+            "g2rpo_train_guard",
+            "train.guard at the last evaluation: rules crossed now, and consecutive "
+            "evaluations with any crossed",
+            ["stat"],
+            registry=r,
+        )
         self.loss = Gauge("g2rpo_train_loss", "PPO-clip loss", registry=r)
         self.grad_norm = Gauge("g2rpo_train_grad_norm", "Pre-clip gradient norm", registry=r)
         self.clip_fraction = Gauge("g2rpo_train_clip_fraction", "Clipped ratios", registry=r)
@@ -95,6 +121,10 @@ class TrainingExporter:
                 self.reward_by_granularity.labels(name, g[1:]).set(value)
             elif key.startswith("adv_share/"):
                 self.advantage_share.labels(key.split("/", 1)[1]).set(value)
+            elif key.startswith("eval/health/") or key.startswith("eval/drift/"):
+                self._observe_health(key, value)
+            elif key in ("guard/crossed", "guard/streak"):
+                self.guard.labels(key.split("/", 1)[1]).set(value)
             elif key.startswith("eval/") and key.endswith(_CHANGE_SUFFIXES):
                 name, suffix = key[len("eval/") :].rsplit("/", 1)
                 self.eval_change.labels(name, CHANGE_BOUNDS[suffix]).set(value)
@@ -115,6 +145,18 @@ class TrainingExporter:
         failures = row.get("weight_broadcast_failures", 0)  # cumulative in the row
         self.broadcast_failures.inc(max(0, failures - self._failures_seen))
         self._failures_seen = max(failures, self._failures_seen)
+
+    def _observe_health(self, key: str, value: float) -> None:
+        name = key[len("eval/") :]
+        if name == "drift/diverging":
+            self.drift_diverging.set(value)
+        elif name.startswith("drift/"):
+            return  # a held-out reward's change: g2rpo_train_eval_reward_change has it
+        elif name.endswith(_CHANGE_SUFFIXES):
+            measure, suffix = name[len("health/") :].rsplit("/", 1)
+            self.health_change.labels(measure, CHANGE_BOUNDS[suffix]).set(value)
+        else:
+            self.health.labels(name[len("health/") :]).set(value)
 
     def close(self) -> None:
         self.server.shutdown()

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import torch
 
+from ..common import image_health
 from ..common.config import G2RPOConfig
 from ..common.errors import ConfigError
 from ..common.families import PipelineComponents, config_sampling_grid, family_class
@@ -242,7 +243,15 @@ class RolloutWorkerCore:
         t0 = time.perf_counter()
         images = self.eval_images(prompts, seed, first, total)
         response = self._reward_client(rewards).score(images, prompts, self._scorer_names(rewards))
-        return EvalSamples(images, response.scores, time.perf_counter() - t0, self.version)
+        health = {k: v.tolist() for k, v in image_health.per_image(images).items()}
+        return EvalSamples(
+            images,
+            response.scores,
+            time.perf_counter() - t0,
+            self.version,
+            health=health,
+            thumbnails=image_health.thumbnails(images),
+        )
 
     def eval_images(
         self, prompts: list[str], seed: int, first: int = 0, total: int | None = None

@@ -24,7 +24,8 @@ def _scorers(world):
 
 def _zero(summary):
     for split in summary["splits"].values():
-        for metric, iv in split["vs_base"].items():
+        changes = {**split["vs_base"], **split["health"]["vs_base"]}
+        for metric, iv in changes.items():
             assert (iv["mean"], iv["lo"], iv["hi"]) == (0.0, 0.0, 0.0), metric
 
 
@@ -49,6 +50,14 @@ def test_a_pipeline_against_itself_differs_by_exactly_nothing(world, tmp_path):
     assert held["metrics"]["shapes_oracle/pass"]["mean"] == pytest.approx(per_prompt.mean())
     assert paths["grid"].stat().st_size > 5_000
     assert "model − base" in paths["markdown"].read_text()
+    # the image-health measures, each with its paired change against the base
+    health = held["health"]
+    assert set(health["metrics"]) == set(health["vs_base"]) == {
+        "high_freq", "periodicity", "saturation", "base_distance", "background_shift", "diversity"
+    }  # fmt: skip
+    assert 0 < health["metrics"]["high_freq"]["mean"] < 1
+    assert health["metrics"]["base_distance"]["mean"] == 0.0  # against itself
+    assert "| held_out | health/diversity |" in paths["markdown"].read_text()
 
 
 def test_an_untrained_lora_export_is_the_base_and_a_trained_one_is_not(world, tmp_path):
@@ -86,6 +95,7 @@ def test_an_untrained_lora_export_is_the_base_and_a_trained_one_is_not(world, tm
         **SMALL_EVAL,
     )
     assert moved["splits"]["held_out"]["vs_base"]["shapes_clip"]["mean"] != 0.0
+    assert moved["splits"]["held_out"]["health"]["vs_base"]["base_distance"]["lo"] > 0.0
     assert moved["model"]["kind"] == "lora"
 
 

@@ -79,6 +79,22 @@ TRAINING = [
     ),
 ]
 
+HACKING = [
+    _panel("Image health of the held-out samples", [("g2rpo_train_eval_health", "{{measure}}")]),
+    _panel(
+        "Image health: paired change since the first evaluation (95% CI)",
+        [("g2rpo_train_eval_health_change", "{{measure}} {{bound}}")],
+    ),
+    _panel(
+        "Reward drift and the guard",
+        [
+            ("g2rpo_train_eval_drift_diverging", "trained up, held-out down"),
+            ('g2rpo_train_eval_reward_change{bound="mean"}', "change {{reward}}"),
+            ("g2rpo_train_guard", "guard {{stat}}"),
+        ],
+    ),
+]
+
 REWARD_SERVERS = [
     _panel("Requests per second by status", [("g2rpo:reward_requests:rate1m", "{{status}}")]),
     _panel(
@@ -142,7 +158,13 @@ def dashboard() -> Dashboard:
                 )
             ]
         ),
-        panels=_laid_out([("Training", TRAINING), ("Reward servers", REWARD_SERVERS)]),
+        panels=_laid_out(
+            [
+                ("Training", TRAINING),
+                ("Reward hacking", HACKING),
+                ("Reward servers", REWARD_SERVERS),
+            ]
+        ),
     ).auto_panel_ids()
 
 
@@ -152,7 +174,7 @@ def dashboard_json() -> str:
 
 def panel_queries() -> list[tuple[str, str]]:
     """(panel title, PromQL) for every query on the dashboard."""
-    return [(p.title, t.expr) for p in TRAINING + REWARD_SERVERS for t in p.targets]
+    return [(p.title, t.expr) for p in TRAINING + HACKING + REWARD_SERVERS for t in p.targets]
 
 
 if __name__ == "__main__":
