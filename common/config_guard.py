@@ -1,5 +1,5 @@
 """``train.guard``: stop a run that is hacking its reward, judged at each evaluation by
-rules on its image-health measures and reward drift (``orchestration/guard.py``)."""
+rules on its image-health measures and reward drift (``common/guard.py``)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,11 @@ def headline_metrics(spec_runs: list[PlannedRun], evaluations: dict) -> list[str
 
 
 def _run_entry(run: PlannedRun, evaluations: dict) -> dict:
+    from ..common.guard import Guard
+
     rows = read_metrics(run.run_dir)
+    guard = run.config.train.guard
+    readings = Guard(guard).replayed(rows)
     views = {
         key.split("/", 1)[1]: value["splits"]
         for key, value in evaluations["runs"].items()
@@ -44,6 +48,12 @@ def _run_entry(run: PlannedRun, evaluations: dict) -> dict:
         "nfe_train_total": rows[-1]["nfe_train_total"] if rows else 0,
         "wall_s": float(sum(r["time/iteration_s"] for r in rows)),
         "views": views,
+        # where train.guard's rules stop (action stop) or would stop the run
+        "guard": {
+            "action": guard.action,
+            "trip": next((r["iteration"] for r in readings if r["trips"]), None),
+            "crossed_at": [r["iteration"] for r in readings if r["crossed"]],
+        },
     }
 
 
@@ -54,12 +64,24 @@ def _aggregate(entries: list[dict], view: str, split: str, metric: str) -> dict:
     return {"runs": len(have), "mean": seed_summary(levels), "vs_base": seed_summary(deltas)}
 
 
+def _aggregate_health(entries: list[dict], view: str, split: str, measure: str) -> dict:
+    have = [
+        e["views"][view][split]["health"]
+        for e in entries
+        if view in e["views"] and "health" in e["views"][view].get(split, {})
+    ]
+    levels = [h["metrics"][measure]["mean"] for h in have]
+    deltas = [h["vs_base"][measure]["mean"] for h in have]
+    return {"runs": len(have), "mean": seed_summary(levels), "vs_base": seed_summary(deltas)}
+
+
 def build_results(spec: CompareSpec, runs: list[PlannedRun], evaluations: dict) -> dict:
     entries = [_run_entry(r, evaluations) for r in runs]
     headline = headline_metrics(runs, evaluations)
     views = sorted({v for e in entries for v in e["views"]}, key=list(VIEWS).index)
     splits = list(evaluations["base"]["splits"])
     all_metrics = list(evaluations["base"]["splits"][splits[0]]["metrics"])
+    health = list(evaluations["base"]["splits"][splits[0]].get("health", {}).get("metrics", {}))
     methods = {}
     for method in spec.methods:
         mine = [e for e in entries if e["method"] == method]
@@ -74,6 +96,13 @@ def build_results(spec: CompareSpec, runs: list[PlannedRun], evaluations: dict) 
             "views": {
                 view: {
                     split: {m: _aggregate(mine, view, split, m) for m in all_metrics}
+                    for split in splits
+                }
+                for view in views
+            },
+            "health": {
+                view: {
+                    split: {h: _aggregate_health(mine, view, split, h) for h in health}
                     for split in splits
                 }
                 for view in views
@@ -234,13 +263,16 @@ def results_table(results: dict) -> str:
                     + " |"
                 )
         out.append("")
+    out += health_table(results)
     if results.get("curve_at_nfe"):
         labels = {m: r["label"] for m, r in results["methods"].items()}
         out += curves_table(results["curve_at_nfe"], labels, ref)
     out.append("### Runs (Δ vs base: paired over prompts, 95% bootstrap CI)\n")
     cols = [f"{s} {m}" for s in splits for m in head]
-    out.append("| run | iterations | training NFEs | wall s | " + " | ".join(cols) + " |")
-    out.append("|---" * (4 + len(cols)) + "|")
+    out.append(
+        "| run | iterations | training NFEs | wall s | " + " | ".join(cols) + " | train.guard |"
+    )
+    out.append("|---" * (5 + len(cols)) + "|")
     for e in results["runs"]:
         v = e["views"].get("budget", {})
         cells = [
@@ -248,9 +280,40 @@ def results_table(results: dict) -> str:
         ]
         out.append(
             f"| {e['name']} | {e['iterations']} | {e['nfe_train_total']:,} | "
-            f"{e['wall_s']:.0f} | " + " | ".join(cells) + " |"
+            f"{e['wall_s']:.0f} | " + " | ".join(cells) + f" | {_guard_cell(e.get('guard'))} |"
         )
     return "\n".join(out) + "\n"
+
+
+def _guard_cell(guard: dict | None) -> str:
+    if not guard or guard["trip"] is None:
+        return "—"
+    verb = "stopped" if guard["action"] == "stop" else "would stop"
+    return f"{verb} at iteration {guard['trip']}"
+
+
+def health_table(results: dict) -> list[str]:
+    """Markdown lines: each method's image-health change against the base (final
+    evaluation, mean over seeds, 95% t-CI), beside the rewards of the tables above."""
+    first = next(iter(results["methods"].values()), None)
+    if first is None or not first.get("health", {}).get("budget"):
+        return []
+    split = (
+        "held_out"
+        if "held_out" in first["health"]["budget"]
+        else next(iter(first["health"]["budget"]))
+    )
+    measures = list(first["health"]["budget"][split])
+    out = [
+        f"### image health, {split} (Δ vs base on the same noise; mean over seeds, 95% t-CI)\n",
+        "| method | " + " | ".join(measures) + " |",
+        "|---" * (1 + len(measures)) + "|",
+    ]
+    for r in results["methods"].values():
+        cells = [_cell(r["health"]["budget"][split][m]["vs_base"], signed=True) for m in measures]
+        out.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    out.append("")
+    return out
 
 
 def write_results(spec: CompareSpec, runs: list[PlannedRun], evaluations: dict) -> dict:

@@ -10,7 +10,13 @@ from pathlib import Path
 
 from ..common.errors import RunDirError
 from ..common.stats import paired_difference, per_prompt_means
-from ..run_directory.files import finished, iteration_of, read_evaluations, read_metrics
+from ..run_directory.files import (
+    finished,
+    iteration_of,
+    read_evaluations,
+    read_metrics,
+    record_values,
+)
 
 TEMPLATE = "report.html.j2"
 
@@ -52,12 +58,13 @@ def _headline(evaluations: list[dict]) -> list[dict]:
         return []
     first, last = evaluations[0], evaluations[-1]
     n = len(first["prompts"])
+    before = record_values(first)
     out = []
-    for metric, values in last["scores"].items():
-        if metric not in first["scores"]:
+    for metric, values in record_values(last).items():
+        if metric not in before or len(before[metric]) != len(values):
             continue
         a = per_prompt_means(values, n)
-        b = per_prompt_means(first["scores"][metric], n)
+        b = per_prompt_means(before[metric], n)
         d = paired_difference(a, b) if last is not first else None
         out.append(
             {
@@ -70,6 +77,41 @@ def _headline(evaluations: list[dict]) -> list[dict]:
             }
         )
     return out
+
+
+WATCHED = ("high_freq", "periodicity", "background_shift", "diversity", "base_distance")
+
+
+def hacking_watch(rows: list[dict], config_yaml: str) -> dict:
+    """Each evaluation's image-health changes since the first and its reward drift, with
+    the rules of the run's ``train.guard`` it crossed (whatever the guard's action) and
+    the evaluation at which ``action: stop`` stops, or would have stopped, the run."""
+    import yaml
+
+    from ..common.config_guard import GuardConfig
+    from ..common.guard import Guard
+
+    guard_cfg = GuardConfig(**(yaml.safe_load(config_yaml) or {}).get("train", {}).get("guard", {}))
+    readings = {r["iteration"]: r for r in Guard(guard_cfg).replayed(rows)}
+    lines = []
+    for row in rows:
+        if row["iteration"] not in readings:
+            continue
+        changes = {}
+        for m in WATCHED:
+            key = f"eval/health/{m}/delta"
+            if key in row:
+                changes[m] = {"mean": row[key], "lo": row[f"{key}_lo"], "hi": row[f"{key}_hi"]}
+        lines.append(
+            {
+                **readings[row["iteration"]],
+                "changes": changes,
+                "diverging": row.get("eval/drift/diverging"),
+            }
+        )
+    trip = next((r["iteration"] for r in lines if r["trips"]), None)
+    return {"action": guard_cfg.action, "patience": guard_cfg.patience, "rows": lines,
+            "trip": trip, "measures": WATCHED}  # fmt: skip
 
 
 def run_context(run_dir: Path) -> dict:
@@ -100,6 +142,7 @@ def run_context(run_dir: Path) -> dict:
         "wall_s": sum(r["time/iteration_s"] for r in rows),
         "last_row": rows[-1],
         "headline": _headline(evaluations),
+        "watch": hacking_watch(rows, (run_dir / "config.yaml").read_text()),
         "figures": [(fid, cap, _data_uri(png)) for fid, cap, png in run_figures(rows, evaluations)],
         "samples": [
             (iteration_of(p), _data_uri(p.read_bytes()))

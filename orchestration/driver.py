@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from ..common.config import G2RPOConfig
 from ..common.errors import RunFailed
+from ..common.guard import Guard
 from ..common.prompts import prompts_for, read_prompts
 from ..common.timeouts import worker_start_timeout_s
 from ..learner.checkpoints import complete
@@ -41,7 +42,6 @@ from ..run_directory.files import (
 from .budget import Budget
 from .cluster import RunActors, record_actors, start_actors
 from .evaluations import PendingEval, evaluate_part, gather, record_evaluation, start_parts
-from .guard import Guard
 from .lifecycle import attach_telemetry, finish, nothing_left, open_run, resume_point
 from .phase_clock import PhaseClock
 from .placement import object_store_too_small

@@ -8,17 +8,9 @@ import numpy as np
 import torch
 
 from ..common.config import G2RPOConfig
+from ..run_directory.files import record_values
 
 HEALTH = "health/"  # the image-health measures' prefix among an evaluation's values
-
-
-def record_values(record: dict) -> dict[str, np.ndarray]:
-    """Every per-sample value of a saved evaluation record: its scores, and its
-    image-health measures as ``health/<measure>``."""
-    values = {k: np.asarray(v, dtype=np.float64) for k, v in record["scores"].items()}
-    for k, v in record.get("health", {}).items():
-        values[HEALTH + k] = np.asarray(v, dtype=np.float64)
-    return values
 
 
 def eval_row(values: dict, first: dict | None, per_prompt: int) -> dict:

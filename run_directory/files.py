@@ -53,6 +53,17 @@ def write_json_atomic(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
+def record_values(record: dict) -> dict:
+    """Every per-sample value of a saved evaluation record (evals/it_N.json): its
+    scores, and its image-health measures as ``health/<measure>`` ({name: float64 [N]})."""
+    import numpy as np
+
+    values = {k: np.asarray(v, dtype=np.float64) for k, v in record["scores"].items()}
+    for k, v in record.get("health", {}).items():
+        values["health/" + k] = np.asarray(v, dtype=np.float64)
+    return values
+
+
 def save_evaluation(run_dir: Path, iteration: int, record: dict) -> None:
     """Per-sample eval scores of one iteration (the report and compare read them)."""
     (run_dir / "evals").mkdir(exist_ok=True)

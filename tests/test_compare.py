@@ -110,6 +110,12 @@ def test_compare_trains_evaluates_and_writes_its_files(compared):
     curve = results["curve_at_nfe"]["methods"]["g2rpo"]["shapes_clip"]["100"]
     assert curve["n"] == 1 and curve["mean"] == pytest.approx(expected, abs=1e-12)
     assert "training-time held-out evaluations at fixed NFEs" in table
+    # image health beside the rewards, and where train.guard's rules (off here) would stop
+    health = results["methods"]["g2rpo"]["health"]["budget"]["held_out"]
+    assert set(health) >= {"high_freq", "background_shift", "diversity"}
+    assert health["high_freq"]["runs"] == 1
+    assert "### image health, held_out" in table and "| train.guard |" in table
+    assert all(run["guard"]["action"] == "off" for run in results["runs"])
 
 
 def test_compare_again_resumes_refuses_a_changed_spec_and_takes_a_copied_run(compared, world):
@@ -239,11 +245,12 @@ def test_reports_render_in_headless_chromium(compared, tmp_path):
     run_page = write_report(root / "runs" / "g2rpo-s0")
     check = check_page(
         run_page,
-        ["#summary", "#headline tr", "#curves img", "#samples img", ".final-eval"],
+        ["#summary", "#headline tr", "#curves img", "#samples img", ".final-eval", "#watch tr"],
         tmp_path / "run.png",
     )
     assert check.console_errors == [] and check.broken_images == 0
     assert check.found["#curves img"] == 6  # rewards, eval, advantages, ratio, loss, time
     assert check.found["#samples img"] >= 2 and check.found[".final-eval"] == 2
     assert check.found["#headline tr"] >= 3
+    assert check.found["#watch tr"] == 3  # the header and the run's two evaluations
     print(f"screenshots: {shot} and {tmp_path / 'run.png'}")

@@ -9,9 +9,9 @@ from g2rpo.common import image_health as H
 from g2rpo.common.config import load_config
 from g2rpo.common.config_guard import GuardConfig, GuardRule
 from g2rpo.common.errors import ConfigError
+from g2rpo.common.guard import Guard
 from g2rpo.common.shapes import parse_prompt, render_batch
 from g2rpo.evaluation.evaluate import split_prompts
-from g2rpo.orchestration.guard import Guard
 from g2rpo.orchestration.records import drift_entries, eval_row, held_out_metrics
 
 

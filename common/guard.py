@@ -5,7 +5,7 @@ rows to know where its streak stands."""
 
 from __future__ import annotations
 
-from ..common.config_guard import GuardConfig, GuardRule
+from .config_guard import GuardConfig, GuardRule
 
 
 def is_evaluation_row(row: dict) -> bool:
@@ -59,6 +59,24 @@ class Guard:
                 self.streak = int(row["guard/streak"])
             if row.get("guard/stop"):
                 self.tripped = {"iteration": row["iteration"], "rules": []}
+
+    def replayed(self, rows: list[dict]) -> list[dict]:
+        """What the rules say of each evaluation of a finished or running run, whatever
+        its ``action`` (the run report's and the hacking study's reading):
+        [{iteration, crossed: [rule, ...], streak, trips}], ``trips`` true at the
+        evaluation where ``action: stop`` would have stopped the run (the first only)."""
+        out, streak, tripped = [], 0, False
+        for row in rows:
+            if not is_evaluation_row(row):
+                continue
+            now = [rule.describe() for rule in self.cfg.rules if crossed(rule, row)]
+            streak = streak + 1 if now else 0
+            trips = not tripped and streak >= self.cfg.patience
+            tripped = tripped or trips
+            out.append(
+                {"iteration": row["iteration"], "crossed": now, "streak": streak, "trips": trips}
+            )
+        return out
 
     def message(self) -> str:
         t = self.tripped or {}

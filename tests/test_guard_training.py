@@ -1,0 +1,68 @@
+"""train.guard on real runs: a run paid for JPEG incompressibility (DDPO's hack the other
+way round: the policy learns blotches and speckle a JPEG cannot compress) is stopped
+before its last evaluation; a run on shapes_clip, where no hack is seen, is left alone."""
+
+import json
+
+import pytest
+from g2rpo.orchestration.driver import read_metrics
+from servers import RewardServerProcess
+from small_run import small_train
+
+pytestmark = pytest.mark.slow
+
+GUARDED = ["train.workers.count=1", "train.guard.action=stop"]
+
+
+@pytest.fixture(scope="module")
+def jpeg_and_clip_url(world):
+    server = RewardServerProcess(
+        "--scorers", f"jpeg_compressibility,shapes_clip={world / 'shapes_clip'}", quiet=True
+    )
+    yield server.url
+    server.stop()
+
+
+def test_the_guard_stops_a_hacking_run_and_leaves_a_clean_one_alone(
+    warm, world, jpeg_and_clip_url, tmp_path, capfd
+):
+    hacking = small_train(
+        world,
+        tmp_path,
+        "hacking",
+        6,
+        [
+            *GUARDED,
+            "rewards=[{name: jpeg_compressibility, weight: -1}]",  # paid for a larger JPEG
+            "optim.lr=1e-3",
+        ],
+        reward_url=jpeg_and_clip_url,
+        warm=warm,
+    )
+    rows = read_metrics(hacking)
+    done = json.loads((hacking / "finished.json").read_text())
+    # evaluated at every iteration (tests/small_run.py); the texture's paired change has
+    # its CI above 0.02 at two evaluations in a row well before iteration 5
+    assert done["reason"] == "guard" and done["iterations"] < 6, rows[-1]
+    assert rows[-1].get("guard/stop") == 1 and rows[-1]["guard/streak"] == 2
+    assert rows[-1]["eval/health/high_freq/delta_lo"] > 0.02
+    assert rows[-1]["eval/shapes_clip/delta_hi"] < 0  # what it was not paid for fell
+    assert (hacking / "final").is_dir()  # exported and evaluated as a finished run
+    assert (hacking / "evals" / f"it_{done['iterations']:05d}.json").is_file()
+    assert "train.guard stopped the run after iteration" in capfd.readouterr().err
+
+    clean = small_train(
+        world,
+        tmp_path,
+        "clean",
+        4,
+        [*GUARDED, "rewards=[{name: shapes_clip}]"],
+        reward_url=jpeg_and_clip_url,
+        warm=warm,
+    )
+    rows = read_metrics(clean)
+    assert json.loads((clean / "finished.json").read_text())["reason"] == "iterations"
+    assert [r["guard/streak"] for r in rows] == [0, 0, 0, 0]
+    assert not any("guard/stop" in r for r in rows)
+    # the held-out score it does not train on: jpeg compressibility, unchanged
+    assert rows[-1]["eval/drift/diverging"] == 0.0
