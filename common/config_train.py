@@ -223,7 +223,10 @@ class RewardServiceConfig(ActorResources):
         "(None: 1 when no urls/redis_url are given, else 0)",
     )
     scorers: list[str] = Field(
-        default_factory=list, description="NAME or NAME=LOCAL_DIR for job-started replicas"
+        default_factory=list,
+        description="NAME or NAME=LOCAL_DIR: what job-started replicas serve besides the "
+        "rewards; every held-out evaluation scores these too (a scorer not trained on is a "
+        "held-out reward: eval/drift/*), on whichever replicas serve the run",
     )
     token_env: str | None = None
     deadline_s: float = Field(

@@ -11,7 +11,12 @@ from small_run import small_train
 
 pytestmark = pytest.mark.slow
 
-GUARDED = ["train.workers.count=1", "train.guard.action=stop"]
+# both scorers asked for at every evaluation: the one trained on, and one held out
+GUARDED = [
+    "train.workers.count=1",
+    "train.guard.action=stop",
+    "train.reward.scorers=[jpeg_compressibility, shapes_clip]",
+]
 
 
 @pytest.fixture(scope="module")
