@@ -144,6 +144,11 @@ def record_evaluation(run_dir, pending: PendingEval, samples, prompts, per_promp
         title=f"iteration {pending.iteration} (weights v{pending.weights.version}), "
         "held-out prompts",
     )
-    row = eval_row({**values, **{HEALTH + k: v for k, v in health.items()}}, first, per_prompt)
+    # the row from the values as recorded (6 decimals), as the first evaluation's are read
+    # back: unchanged samples then differ by exactly 0, not by rounding (an upper CI bound
+    # of -1e-7 would hold G2rpoRewardCollapse pending on a run that did not move)
+    recorded = {**values, **{HEALTH + k: v for k, v in health.items()}}
+    recorded = {k: np.round(v, 6) for k, v in recorded.items()}
+    row = eval_row(recorded, first, per_prompt)
     row.update(drift_entries(row, trained))
     return record, {**row, "time/eval_work_s": samples.seconds}
