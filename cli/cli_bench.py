@@ -232,6 +232,26 @@ def _cmd_bench_precision(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_health(args: argparse.Namespace) -> int:
+    from g2rpo.benchmarks.health import bench_health
+
+    result = bench_health(args.sizes, images=args.images, repeats=args.repeats)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(
+        f"image-health measures, CPU seconds per image (best of {args.repeats}, {args.images} images)"
+    )
+    for size, stages in result.items():
+        total = sum(stages.values())
+        cells = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in stages.items())
+        print(
+            f"  {size}x{size}: {cells}; {total * 1e3:.2f} ms in all, "
+            f"{total * args.per_eval:.1f} s for an evaluation of {args.per_eval} samples"
+        )
+    return 0
+
+
 def add_bench_parsers(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="WHAT")
@@ -359,6 +379,15 @@ def add_bench_parsers(sub) -> None:
     pr.add_argument("--device", default=None, help="cpu | cuda (default: the config's)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=_cmd_bench_precision)
+    hl = bench_sub.add_parser(
+        "health", help="CPU cost of the image-health measures per image and per evaluation"
+    )
+    hl.add_argument("--sizes", type=int_list, default=[32, 512, 720, 1024], help="image sides, px")
+    hl.add_argument("--images", type=int, default=32)
+    hl.add_argument("--repeats", type=int, default=3)
+    hl.add_argument("--per-eval", type=int, default=2048, help="samples of the evaluation costed")
+    hl.add_argument("--json", action="store_true")
+    hl.set_defaults(func=_cmd_bench_health)
     pm = bench_sub.add_parser(
         "plan-memory",
         help="the memory plan's VAE decode and transformer call vs the same calls on a CUDA GPU",
