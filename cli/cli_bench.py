@@ -240,7 +240,8 @@ def _cmd_bench_health(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     print(
-        f"image-health measures, CPU seconds per image (best of {args.repeats}, {args.images} images)"
+        "image-health measures, CPU seconds per image "
+        f"(best of {args.repeats}, {args.images} images)"
     )
     for size, stages in result.items():
         total = sum(stages.values())
