@@ -311,6 +311,20 @@ def test_bench_weights_verify_gb_times_both_checksums_on_flux_shaped_tensors():
     assert bad.returncode == 2 and "--verify-gb" in bad.stderr
 
 
+def test_bench_health_costs_each_stage_per_image():
+    out = run("bench", "health", "--sizes", "32,256", "--images", "8", "--repeats", "1", "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert list(result) == ["32", "256"]
+    for stages in result.values():
+        assert set(stages) == {"per_image", "thumbnails", "against_base"}
+        assert all(v >= 0 for v in stages.values())
+    # 64x the pixels cost more
+    assert result["256"]["per_image"] > result["32"]["per_image"]
+    text = run("bench", "health", "--sizes", "32", "--images", "4", "--repeats", "1")
+    assert "for an evaluation of 2048 samples" in text.stdout
+
+
 def test_bench_weights_refuses_an_unknown_mode():
     out = run("bench", "weights", "--modes", "full,fp8", "--sizes", "test", timeout=120)
     assert out.returncode == 2 and "fp8" in out.stderr and "full_bf16" in out.stderr
