@@ -30,52 +30,64 @@ def crossed(rule: GuardRule, row: dict) -> bool:
 
 
 class Guard:
-    """Counts consecutive evaluations crossing any rule; ``tripped`` once the count
-    reaches ``patience`` with ``action: stop``."""
+    """Counts, rule by rule, the consecutive evaluations that cross it; ``tripped`` once
+    one rule has been crossed at ``patience`` evaluations in a row with ``action: stop``
+    (two rules crossed at alternate evaluations are two streaks of one)."""
 
     def __init__(self, cfg: GuardConfig) -> None:
         self.cfg = cfg
-        self.streak = 0
+        self.streaks = {rule.describe(): 0 for rule in cfg.rules}
         self.tripped: dict | None = None  # {iteration, rules} of the stop
+
+    def _read(self, row: dict) -> tuple[list[str], int]:
+        """The rules ``row`` crosses, and the longest streak after it."""
+        now = [rule.describe() for rule in self.cfg.rules if crossed(rule, row)]
+        for name in self.streaks:
+            self.streaks[name] = self.streaks[name] + 1 if name in now else 0
+        return now, max(self.streaks.values(), default=0)
+
+    def _trip(self, row: dict) -> None:
+        held = [name for name, n in self.streaks.items() if n >= self.cfg.patience]
+        self.tripped = {"iteration": row["iteration"], "rules": held}
 
     def observe(self, row: dict) -> dict:
         """The row's guard entries (none when the guard is off or the row has no
-        evaluation): ``guard/crossed`` (rules crossed now) and ``guard/streak``, and
-        ``guard/stop`` 1 on the iteration it stops at."""
+        evaluation): ``guard/crossed`` (rules crossed now) and ``guard/streak`` (the
+        longest run of one rule), and ``guard/stop`` 1 on the iteration it stops at."""
         if self.cfg.action == "off" or not is_evaluation_row(row):
             return {}
-        now = [rule.describe() for rule in self.cfg.rules if crossed(rule, row)]
-        self.streak = self.streak + 1 if now else 0
-        out = {"guard/crossed": len(now), "guard/streak": self.streak}
-        if self.streak >= self.cfg.patience and self.tripped is None:
-            self.tripped = {"iteration": row["iteration"], "rules": now}
+        now, streak = self._read(row)
+        out = {"guard/crossed": len(now), "guard/streak": streak}
+        if streak >= self.cfg.patience and self.tripped is None:
+            self._trip(row)
             out["guard/stop"] = 1
         return out
 
     def replay(self, rows: list[dict]) -> None:
-        """Where a resumed run's streak stands after its recorded rows."""
+        """Where a resumed run stands after its recorded rows, read with the rules it
+        has now (a run resumed with ``action: off`` is never tripped; one resumed with
+        rules it had crossed stops before its next iteration)."""
         for row in rows:
-            if "guard/streak" in row:
-                self.streak = int(row["guard/streak"])
-            if row.get("guard/stop"):
-                self.tripped = {"iteration": row["iteration"], "rules": []}
+            if not is_evaluation_row(row):
+                continue
+            _, streak = self._read(row)
+            if self.cfg.action == "stop" and streak >= self.cfg.patience and not self.tripped:
+                self._trip(row)
 
     def replayed(self, rows: list[dict]) -> list[dict]:
         """What the rules say of each evaluation of a finished or running run, whatever
         its ``action`` (the run report's and the hacking study's reading):
         [{iteration, crossed: [rule, ...], streak, trips}], ``trips`` true at the
         evaluation where ``action: stop`` would have stopped the run (the first only)."""
-        out, streak, tripped = [], 0, False
+        fresh, out, tripped = Guard(self.cfg), [], False
         for row in rows:
             if not is_evaluation_row(row):
                 continue
-            now = [rule.describe() for rule in self.cfg.rules if crossed(rule, row)]
-            streak = streak + 1 if now else 0
+            now, streak = fresh._read(row)
             trips = not tripped and streak >= self.cfg.patience
             tripped = tripped or trips
-            out.append(
-                {"iteration": row["iteration"], "crossed": now, "streak": streak, "trips": trips}
-            )
+            it = row["iteration"]
+            out.append({"iteration": it, "crossed": now, "streak": streak, "trips": trips})
         return out
 
     def message(self) -> str:

@@ -27,7 +27,7 @@ import base64
 
 import numpy as np
 
-HIGH_FREQ_CUTOFF = 0.25  # cycles per pixel: the upper half of the band (Nyquist is 0.5)
+HIGH_FREQ_CUTOFF = 0.25  # cycles per pixel, radially (Nyquist is 0.5 along each axis)
 MIN_RING = 3  # rings nearer DC hold the composition, not texture
 THUMB = 16  # thumbnail side
 PER_IMAGE = ("high_freq", "periodicity", "saturation")
@@ -79,9 +79,16 @@ def high_freq(images: np.ndarray, cutoff: float = HIGH_FREQ_CUTOFF, *, _p=None) 
     (0 for a flat image)."""
     power = _spectrum(images) if _p is None else _p
     h, w = images.shape[1], images.shape[2]
+    # the half-plane's columns 0 < fx < 0.5 each stand for two bins of the full spectrum
+    # (fx and -fx); fx = 0, and fx = 0.5 for an even width, for one
+    weight = np.full(w // 2 + 1, 2.0)
+    weight[0] = 1.0
+    if w % 2 == 0:
+        weight[-1] = 1.0
+    weighted = power * weight[None, None, :]
     high = (_radius(h, w) > cutoff)[None]
-    total = power.sum(axis=(1, 2), dtype=np.float64)
-    above = (power * high).sum(axis=(1, 2), dtype=np.float64)
+    total = weighted.sum(axis=(1, 2), dtype=np.float64)
+    above = (weighted * high).sum(axis=(1, 2), dtype=np.float64)
     return np.divide(above, total, out=np.zeros_like(total), where=total > 0)
 
 

@@ -109,6 +109,8 @@ def hacking_watch(rows: list[dict], config_yaml: str) -> dict:
                 "diverging": row.get("eval/drift/diverging"),
             }
         )
+    if not any(r["changes"] for r in lines):
+        lines = []  # a run from before the measures: no section rather than empty cells
     trip = next((r["iteration"] for r in lines if r["trips"]), None)
     return {"action": guard_cfg.action, "patience": guard_cfg.patience, "rows": lines,
             "trip": trip, "measures": WATCHED}  # fmt: skip

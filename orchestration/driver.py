@@ -169,7 +169,7 @@ class TrainingLoop:
             self.eval_prompts,
             t.eval.per_prompt,
             self.first_eval,
-            [r.name for r in self.cfg.rewards],
+            {r.name: r.weight for r in self.cfg.rewards},
         )
         self.last_eval_nfe = pending.nfe_train_total
         if self.first_eval is None:
@@ -362,8 +362,8 @@ class TrainingLoop:
         done = start
         try:
             for it in range(start, end):
-                if self.budget.exhausted():
-                    break
+                if self.budget.exhausted() or self.guard.tripped is not None:
+                    break  # (a resumed run the guard had stopped trains no further)
                 last = it == end - 1 or self.budget.next_is_last()
                 # a finished run's trained weights are evaluated by finish() (lifecycle),
                 # one update after this iteration's: at FLUX scale an evaluation is

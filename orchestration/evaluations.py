@@ -109,11 +109,27 @@ def merge(parts: list[EvalSamples]) -> EvalSamples:
     )
 
 
+def _against_first(thumbs: np.ndarray, first: dict | None, per_prompt: int) -> dict:
+    """The thumbnail measures against the run's first evaluation; the distances left out
+    when that evaluation has no thumbnails (a run begun before they were kept) or other
+    samples (``train.eval`` changed on a resume), where they would read as 0."""
+    from ..common import image_health
+
+    if first is None:  # the first evaluation: its own base
+        return image_health.against_base(thumbs, None, per_prompt)
+    base = first.get("thumbnails")
+    base = None if base is None else image_health.decode_thumbnails(base)
+    if base is None or base.shape != thumbs.shape:
+        return {"diversity": image_health.diversity(thumbs, per_prompt)} if per_prompt > 1 else {}
+    return image_health.against_base(thumbs, base, per_prompt)
+
+
 def record_evaluation(run_dir, pending: PendingEval, samples, prompts, per_prompt, first, trained):
     """Save an evaluation's per-sample scores and image-health measures (evals/it_N.json,
     with the thumbnails the next evaluations are measured against) and its sample grid;
     returns (the record, its row entries: means, the paired change since ``first``, the
-    run's first evaluation, and the trained-vs-held-out drift of ``trained`` rewards)."""
+    run's first evaluation, and the trained-vs-held-out drift of the ``trained`` rewards,
+    {name: weight})."""
     from ..common import image_health
     from ..evaluation.metrics import pass_from_scores
     from ..run_directory.files import save_evaluation, write_sample_grid
@@ -130,9 +146,7 @@ def record_evaluation(run_dir, pending: PendingEval, samples, prompts, per_promp
         "scores": {k: v.round(6).tolist() for k, v in values.items()},
     }
     if samples.thumbnails is not None:
-        base = first.get("thumbnails") if first else None
-        base = None if base is None else image_health.decode_thumbnails(base)
-        health.update(image_health.against_base(samples.thumbnails, base, per_prompt))
+        health.update(_against_first(samples.thumbnails, first, per_prompt))
         record["thumbnails"] = image_health.encode_thumbnails(samples.thumbnails)
     record["health"] = {k: v.round(6).tolist() for k, v in health.items()}
     save_evaluation(run_dir, pending.iteration, record)

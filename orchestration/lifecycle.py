@@ -54,12 +54,14 @@ def nothing_left(cfg: G2RPOConfig, run_dir: Path) -> bool:
         return False  # resume_point says why that cannot be resumed
     if last < cfg.run.iterations:
         if done["reason"] == "guard":
-            return (run_dir / "final").is_dir()
-        if done["reason"] != "nfe_budget":
+            if cfg.train.guard.action != "stop":
+                return False  # resumed with the guard off: it trains on
+        elif done["reason"] != "nfe_budget":
             return False
-        spent = Budget(cfg.run.nfe_budget, rows[-1]["nfe_train_total"], rows[-1]["nfe_train"])
-        if not spent.exhausted():
-            return False
+        else:
+            spent = Budget(cfg.run.nfe_budget, rows[-1]["nfe_train_total"], rows[-1]["nfe_train"])
+            if not spent.exhausted():
+                return False
     return (run_dir / "final").is_dir() and (run_dir / "evals" / f"it_{last:05d}.json").is_file()
 
 

@@ -34,7 +34,7 @@ def eval_row(values: dict, first: dict | None, per_prompt: int) -> dict:
     return row
 
 
-def held_out_metrics(row: dict, trained: list[str]) -> list[str]:
+def held_out_metrics(row: dict, trained) -> list[str]:
     """The evaluation's reward metrics the run does not train on (a trained scorer's
     parts, as the checker's ``/pass``, count as trained)."""
     names = {k[len("eval/") :].removesuffix("/delta") for k in row if k.endswith("/delta")}
@@ -47,14 +47,19 @@ def held_out_metrics(row: dict, trained: list[str]) -> list[str]:
     )
 
 
-def drift_entries(row: dict, trained: list[str]) -> dict:
+def drift_entries(row: dict, trained: dict[str, float]) -> dict:
     """The trained-vs-held-out divergence of one evaluation: ``eval/drift/diverging`` is 1
-    when a trained reward's paired change since the first evaluation has its 95% CI above
-    0 while a held-out reward's is below 0 (the run pleases its reward and loses what it
-    was not paid for), else 0; ``eval/drift/<metric>`` repeats each held-out metric's
-    change. Nothing without a first evaluation or a held-out scorer."""
+    when a trained reward moved the way it is paid for since the first evaluation (95% CI
+    above 0, or below 0 for a negative weight) while a held-out reward's fell (CI below 0),
+    else 0: the run pleases its reward and loses what it was not paid for.
+    ``eval/drift/<metric>`` repeats each held-out metric's change. ``trained``: each trained
+    reward's weight. Nothing without a first evaluation or a held-out scorer."""
     held_out = held_out_metrics(row, trained)
-    gains = [row[f"eval/{n}/delta_lo"] for n in trained if f"eval/{n}/delta_lo" in row]
+    gains = [
+        row[f"eval/{n}/delta_lo"] if w >= 0 else -row[f"eval/{n}/delta_hi"]
+        for n, w in trained.items()
+        if f"eval/{n}/delta_lo" in row and w != 0
+    ]
     if not held_out or not gains:
         return {}
     out = {f"eval/drift/{n}": row[f"eval/{n}/delta"] for n in held_out}

@@ -1,6 +1,7 @@
 """The image-health measures on images whose answers are known, the trained-vs-held-out
 drift of a row, and train.guard's rule logic."""
 
+import json
 import math
 
 import numpy as np
@@ -28,6 +29,12 @@ def test_a_flat_image_has_no_texture_and_a_checkerboard_is_all_texture():
     board = np.repeat(board, 3, axis=-1)
     # all of its power is at (0.5, 0.5) cycles per pixel, above the cutoff
     assert H.high_freq(board)[0] == pytest.approx(1.0)
+    # the real FFT's half-plane counts as the full spectrum does: a mix of a fast wave
+    # along y and a slow one along x, of equal power, is half high-frequency
+    yy, xx = np.mgrid[:64, :64]
+    mix = 127.5 + 60 * np.sin(2 * np.pi * 0.375 * yy) + 60 * np.sin(2 * np.pi * 0.0625 * xx)
+    mix = np.repeat(np.rint(mix).astype(np.uint8)[None, :, :, None], 3, axis=-1)
+    assert H.high_freq(mix)[0] == pytest.approx(0.5, abs=0.03)
     # a smooth ramp puts nearly all of its power below it
     ramp = np.repeat(np.linspace(0, 255, 32)[None, None, :, None], 32, 1).astype(np.uint8)
     assert H.high_freq(np.repeat(ramp, 3, axis=-1))[0] < 0.01
@@ -86,15 +93,18 @@ def test_drift_diverges_only_when_the_trained_reward_rises_and_a_held_out_one_fa
         shapes_oracle=(-0.1, -0.2, -0.05),
         **{"shapes_oracle/pass": (-0.1, -0.2, 0.0), "health/high_freq": (0.1, 0.05, 0.2)},
     )
-    assert held_out_metrics(row, ["shapes_clip"]) == ["shapes_oracle", "shapes_oracle/pass"]
-    drift = drift_entries(row, ["shapes_clip"])
+    assert held_out_metrics(row, {"shapes_clip": 1}) == ["shapes_oracle", "shapes_oracle/pass"]
+    drift = drift_entries(row, {"shapes_clip": 1.0})
     assert drift["eval/drift/diverging"] == 1.0 and drift["eval/drift/shapes_oracle"] == -0.1
     # the trained reward's CI reaches 0: no divergence
     row["eval/shapes_clip/delta_lo"] = -0.001
-    assert drift_entries(row, ["shapes_clip"])["eval/drift/diverging"] == 0.0
+    assert drift_entries(row, {"shapes_clip": 1.0})["eval/drift/diverging"] == 0.0
+    # paid for its score to fall (weight -1): a fall is its gain
+    row["eval/shapes_clip/delta_hi"] = -0.001
+    assert drift_entries(row, {"shapes_clip": -1.0})["eval/drift/diverging"] == 1.0
     # trained on the checker: its pass rate is a part of a trained reward, not held out
-    assert held_out_metrics(row, ["shapes_oracle"]) == ["shapes_clip"]
-    assert drift_entries(row, ["shapes_clip", "shapes_oracle"]) == {}  # nothing held out
+    assert held_out_metrics(row, {"shapes_oracle": 1}) == ["shapes_clip"]
+    assert drift_entries(row, {"shapes_clip": 1, "shapes_oracle": 1}) == {}  # nothing held out
 
 
 def test_health_values_get_paired_changes_against_the_first_evaluation():
@@ -138,8 +148,36 @@ def test_the_guard_stops_after_patience_evaluations_in_a_row_and_not_before():
     assert off.tripped is None
     # a resumed run takes up its streak from its rows
     again = _guard()
-    again.replay([{"iteration": 2, "guard/streak": 1}])
+    again.replay([_row(**{"health/high_freq": hot}), {"iteration": 4, "loss": 0.0}])
     assert again.observe(_row(**{"health/high_freq": hot}))["guard/stop"] == 1
+
+
+def test_two_rules_crossed_at_alternate_evaluations_are_no_streak():
+    guard = Guard(
+        GuardConfig(
+            action="stop",
+            patience=2,
+            rules=[
+                GuardRule(signal="health/high_freq", rises_by=0.02),
+                GuardRule(signal="health/diversity", falls_by=0.02),
+            ],
+        )
+    )
+    hot, cold, falling = (0.1, 0.05, 0.2), (0.0, -0.01, 0.01), (-0.1, -0.2, -0.05)
+    rows = [
+        _row(**{"health/high_freq": hot, "health/diversity": cold}),
+        _row(**{"health/high_freq": cold, "health/diversity": falling}),
+        _row(**{"health/high_freq": hot, "health/diversity": cold}),
+    ]
+    assert [guard.observe(r)["guard/streak"] for r in rows] == [1, 1, 1]
+    assert guard.tripped is None
+    assert guard.observe(rows[0])["guard/stop"] == 1  # texture twice in a row
+    assert guard.tripped["rules"] == ["health/high_freq rises by 0.02"]
+    # replayed with the guard off: never tripped, but the reading is the same
+    off = Guard(GuardConfig(action="off", patience=2, rules=guard.cfg.rules))
+    off.replay([*rows, rows[0]])
+    assert off.tripped is None
+    assert [r["trips"] for r in off.replayed([*rows, rows[0]])] == [False, False, False, True]
 
 
 def test_guard_rules_take_exactly_one_test_and_name_the_field():
@@ -151,3 +189,19 @@ def test_guard_rules_take_exactly_one_test_and_name_the_field():
     assert falls.observe(_row(**{"health/high_freq": (-0.1, -0.2, -0.03)}))["guard/crossed"]
     below = _guard(below=0.6)
     assert below.observe(_row(**{"health/high_freq": (0, 0, 0)}))["guard/crossed"]  # mean 0.5
+
+
+def test_a_run_the_guard_stopped_is_finished_until_resumed_with_the_guard_off(tmp_path):
+    from g2rpo.orchestration.lifecycle import nothing_left
+    from g2rpo.run_directory.files import mark_finished
+
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "evals").mkdir()
+    rows = [{"iteration": i, "nfe_train": 10, "nfe_train_total": 10 * (i + 1)} for i in range(4)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "evals" / "it_00004.json").write_text("{}")
+    mark_finished(run, "guard", 4, 40)
+    stop = load_config(None, ["run.iterations=10", "train.guard.action=stop"])
+    assert nothing_left(stop, run)
+    assert not nothing_left(load_config(None, ["run.iterations=10"]), run)  # guard off
