@@ -26,12 +26,12 @@ PATIENCE = 2
 # candidate rules: (signal, test, thresholds tried from the most sensitive)
 CANDIDATES = [
     ("health/high_freq", "rises_by", [0.002, 0.005, 0.01, 0.02, 0.05]),
-    ("health/periodicity", "rises_by", [0.02, 0.05, 0.1, 0.2]),
-    ("health/background_shift", "rises_by", [0.01, 0.02, 0.03, 0.05, 0.1]),
-    ("health/base_distance", "rises_by", [0.02, 0.03, 0.05, 0.1]),
+    ("health/periodicity", "rises_by", [0.01, 0.02, 0.03, 0.05, 0.1, 0.2]),
+    ("health/background_shift", "rises_by", [0.01, 0.02, 0.03, 0.04, 0.05, 0.07, 0.1]),
+    ("health/base_distance", "rises_by", [0.02, 0.03, 0.05, 0.07, 0.1]),
     ("health/saturation", "rises_by", [0.01, 0.02, 0.05]),
     ("health/saturation", "falls_by", [0.01, 0.02, 0.05]),
-    ("health/diversity", "falls_by", [0.005, 0.01, 0.02]),
+    ("health/diversity", "falls_by", [0.005, 0.01, 0.02, 0.03, 0.04]),
     ("drift/diverging", "above", [0.5]),
 ]
 
@@ -146,15 +146,27 @@ def _it(value) -> str:
     return "—" if value is None else str(value)
 
 
-def montage(run_dir: Path, path: Path, every: int = 2) -> Path:
-    """The run's sample grids over iterations side by side (every ``every``-th, and the last)."""
-    from PIL import Image
+def montage(run_dir: Path, path: Path, every: int = 3) -> Path:
+    """The run's sample grids over iterations side by side (every ``every``-th and the
+    last; the first with its prompt labels, the others only their titles and tiles)."""
+    from PIL import Image, ImageDraw
+
+    from ..run_directory.files import iteration_of
 
     grids = sorted(run_dir.glob("samples/it_*.png"))
-    picked = grids[::every] + ([grids[-1]] if grids and grids[-1] not in grids[::every] else [])
-    images = [Image.open(p).convert("RGB") for p in picked]
-    if not images:
+    if not grids:
         raise FileNotFoundError(f"{run_dir}: no samples/it_*.png")
+    picked = grids[::every] + ([grids[-1]] if grids[-1] not in grids[::every] else [])
+    images = [Image.open(p).convert("RGB") for p in picked]
+    label_w = _label_width(images[0])
+    cropped = []
+    for path, im in zip(picked[1:], images[1:], strict=True):
+        im = im.crop((label_w, 0, im.width, im.height))
+        draw = ImageDraw.Draw(im)
+        draw.rectangle((0, 0, im.width, 11), fill="white")  # over the cut title
+        draw.text((6, 0), f"iteration {iteration_of(path)}", fill="black")
+        cropped.append(im)
+    images = images[:1] + cropped
     w, h = sum(i.width for i in images), max(i.height for i in images)
     canvas = Image.new("RGB", (w, h), "white")
     x = 0
@@ -162,8 +174,28 @@ def montage(run_dir: Path, path: Path, every: int = 2) -> Path:
         canvas.paste(image, (x, 0))
         x += image.width
     path.parent.mkdir(parents=True, exist_ok=True)
-    canvas.save(path)
+    canvas.save(path, optimize=True)
     return path
+
+
+def _label_width(grid) -> int:
+    """Where a sample grid's tiles begin: the first column, past the prompt labels, that
+    is not white in the tiles' rows (the grids are ``run_directory.grids``' layout)."""
+    import numpy as np
+
+    a = np.asarray(grid)
+    rows = a[a.shape[0] // 4 : 3 * a.shape[0] // 4]
+    dark = (rows < 200).any(axis=(0, 2))
+    # the labels end in a run of white columns; the tiles start after the longest one
+    best, start, run_start = 0, 0, None
+    for x, d in enumerate(dark):
+        if not d and run_start is None:
+            run_start = x
+        if d and run_start is not None:
+            if x - run_start > best:
+                best, start = x - run_start, x
+            run_start = None
+    return max(start - 4, 0)
 
 
 def main(argv: list[str]) -> int:
