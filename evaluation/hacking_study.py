@@ -160,11 +160,11 @@ def montage(run_dir: Path, path: Path, every: int = 3) -> Path:
     images = [Image.open(p).convert("RGB") for p in picked]
     label_w = _label_width(images[0])
     cropped = []
-    for path, im in zip(picked[1:], images[1:], strict=True):
+    for grid, im in zip(picked[1:], images[1:], strict=True):
         im = im.crop((label_w, 0, im.width, im.height))
         draw = ImageDraw.Draw(im)
         draw.rectangle((0, 0, im.width, 11), fill="white")  # over the cut title
-        draw.text((6, 0), f"iteration {iteration_of(path)}", fill="black")
+        draw.text((6, 0), f"iteration {iteration_of(grid)}", fill="black")
         cropped.append(im)
     images = images[:1] + cropped
     w, h = sum(i.width for i in images), max(i.height for i in images)

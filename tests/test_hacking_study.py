@@ -77,4 +77,9 @@ def test_the_study_writes_its_results_and_table(tmp_path):
         "| textured-s1 | held out | dots (40) | 40 | caught |"
         in (tmp_path / "out" / "table.md").read_text()
     )
-    assert (tmp_path / "out" / "grids" / "clean-s0.png").is_file()
+    from PIL import Image
+
+    montage = Image.open(tmp_path / "out" / "grids" / "clean-s0.png")
+    assert montage.size == (8 + 8, 6)  # iterations 0 and 20 (every third, and the last)
+    # the runs' own grids are left as they were
+    assert all(Image.open(p).size == (8, 6) for p in runs.glob("*/samples/*.png"))
