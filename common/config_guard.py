@@ -49,12 +49,17 @@ class GuardRule(Section):
 
 
 def default_rules() -> list[GuardRule]:
-    """The study's rules (docs/results/hacking): texture, the background, collapse and
-    the held-out reward falling while the trained one rises."""
+    """The hacking study's rules (docs/results/hacking: on its 8 runs they stop every run
+    in which a person saw a hack and neither clean run; chosen after seeing all 8, so
+    they are not held out): texture (high-frequency share, spectral peaks), the
+    background, distance from the base, collapse, and the held-out reward falling while
+    the trained one rises."""
     return [
         GuardRule(signal="health/high_freq", rises_by=0.02),
+        GuardRule(signal="health/periodicity", rises_by=0.02),
         GuardRule(signal="health/background_shift", rises_by=0.05),
-        GuardRule(signal="health/diversity", falls_by=0.02),
+        GuardRule(signal="health/base_distance", rises_by=0.07),
+        GuardRule(signal="health/diversity", falls_by=0.03),
         GuardRule(signal="drift/diverging", above=0.5),
     ]
 
