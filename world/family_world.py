@@ -83,24 +83,14 @@ def _sd3_components(flux_world: Path, seed: int):
 
 
 def _qwenimage_components(settings: PretrainSettings, seed: int, progress: bool):
-    from diffusers import QwenImageTransformer2DModel
-
     from ..common.qwenimage_pipeline import QwenImageComponents
-    from .qwenimage_random import build_qwen_text_encoder, build_qwen_tokenizer
+    from .qwenimage_random import build_qwen_text_encoder, build_qwen_tokenizer, qwen_transformer
 
     torch.manual_seed(seed)
     tokenizer = build_qwen_tokenizer()
     text_encoder = build_qwen_text_encoder(len(tokenizer))
-    transformer = QwenImageTransformer2DModel(
-        patch_size=2,
-        in_channels=64,
-        out_channels=16,
-        num_layers=6,
-        attention_head_dim=32,
-        num_attention_heads=4,
-        joint_attention_dim=text_encoder.config.text_config.hidden_size,
-        axes_dims_rope=(8, 12, 12),
-    )
+    joint = text_encoder.config.text_config.hidden_size
+    transformer = qwen_transformer(6, 4, 32, joint, (8, 12, 12))
     vae = train_qwen_vae(settings, seed, progress)
     comps = QwenImageComponents(transformer, vae, text_encoder, tokenizer)
     return comps, [text_encoder]

@@ -126,24 +126,36 @@ def save_qwenimage_pipeline(out: str | Path, transformer, vae, text_encoder, tok
     return path
 
 
+def qwen_transformer(
+    num_layers: int, num_heads: int, head_dim: int, joint_dim: int, rope_axes: tuple
+):
+    """A QwenImageTransformer2DModel in Qwen-Image's layout (2×2 patches of 16 latent
+    channels) at a test width and depth; ``rope_axes`` (frame, height, width) sum to
+    ``head_dim``."""
+    from diffusers import QwenImageTransformer2DModel
+
+    return QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=64,
+        out_channels=16,
+        num_layers=num_layers,
+        attention_head_dim=head_dim,
+        num_attention_heads=num_heads,
+        joint_attention_dim=joint_dim,
+        axes_dims_rope=rope_axes,
+    )
+
+
 def build_random_qwenimage_pipeline(out: str | Path, seed: int = 0, width: int = 16) -> Path:
     """Build and save a random Qwen-Image pipeline of transformer ``width`` under ``out``."""
-    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+    from diffusers import AutoencoderKLQwenImage
 
     torch.manual_seed(seed)
     tokenizer = build_qwen_tokenizer()
     text_encoder = build_qwen_text_encoder(len(tokenizer))
     head = width // 2
-    transformer = QwenImageTransformer2DModel(
-        patch_size=2,
-        in_channels=64,
-        out_channels=16,
-        num_layers=2,
-        attention_head_dim=head,
-        num_attention_heads=2,
-        joint_attention_dim=text_encoder.config.text_config.hidden_size,
-        axes_dims_rope=(head // 4, head // 4, head // 2),
-    )
+    joint = text_encoder.config.text_config.hidden_size
+    transformer = qwen_transformer(2, 2, head, joint, (head // 4, head // 4, head // 2))
     vae = AutoencoderKLQwenImage(
         base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, attn_scales=[]
     )
