@@ -198,13 +198,16 @@ def against_base(
             f"thumbnails {thumbs.shape} and the base's {base.shape} differ: "
             "the evaluation's prompts or samples changed since the first"
         )
-    out = {
+    return {
         "base_distance": base_distance(thumbs, base),
         "background_shift": background_shift(thumbs, base),
+        **own_measures(thumbs, per_prompt),
     }
-    if per_prompt >= 2:
-        out["diversity"] = diversity(thumbs, per_prompt)
-    return out
+
+
+def own_measures(thumbs: np.ndarray, per_prompt: int) -> dict[str, np.ndarray]:
+    """The thumbnail measures that need no base: diversity, with two samples a prompt or more."""
+    return {"diversity": diversity(thumbs, per_prompt)} if per_prompt >= 2 else {}
 
 
 def encode_thumbnails(thumbs: np.ndarray) -> dict:

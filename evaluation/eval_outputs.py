@@ -20,11 +20,10 @@ from .metrics import paired, summarise
 def health_values(samples: SplitSamples, base: SplitSamples | None) -> dict[str, np.ndarray]:
     """Every sample's image-health measures (common/image_health.py), those against the
     base on the base's sample of the same noise (without a base: against itself, 0)."""
-    thumbs = image_health.thumbnails(samples.images)
-    base_thumbs = None if base is None else image_health.thumbnails(base.images)
+    base_thumbs = None if base is None else base.thumbnails
     return {
-        **image_health.per_image(samples.images),
-        **image_health.against_base(thumbs, base_thumbs, samples.per_prompt),
+        **samples.image_measures,
+        **image_health.against_base(samples.thumbnails, base_thumbs, samples.per_prompt),
     }
 
 

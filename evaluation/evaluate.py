@@ -5,6 +5,7 @@ for every model compared), score every sample in this process, and summarise wit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
+from ..common import image_health
 from ..common.families import PipelineComponents, pipeline_sampling_grid
 from ..common.prompts import read_prompts
 from ..rollout_worker.engine import RolloutEngine
@@ -85,6 +87,15 @@ class SplitSamples:
     per_prompt: int
     images: np.ndarray  # uint8 [P·n, H, W, 3]
     values: dict[str, np.ndarray]  # metric → [P·n]
+
+    # Computed once: a base's are read for every model compared against it.
+    @cached_property
+    def thumbnails(self) -> np.ndarray:
+        return image_health.thumbnails(self.images)
+
+    @cached_property
+    def image_measures(self) -> dict[str, np.ndarray]:
+        return image_health.per_image(self.images)
 
     def tiles(self, rows: list[int], k: int) -> np.ndarray:
         """[len(rows), k, H, W, 3]: the first k samples of the chosen prompts."""

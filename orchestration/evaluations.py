@@ -120,7 +120,7 @@ def _against_first(thumbs: np.ndarray, first: dict | None, per_prompt: int) -> d
     base = first.get("thumbnails")
     base = None if base is None else image_health.decode_thumbnails(base)
     if base is None or base.shape != thumbs.shape:
-        return {"diversity": image_health.diversity(thumbs, per_prompt)} if per_prompt > 1 else {}
+        return image_health.own_measures(thumbs, per_prompt)
     return image_health.against_base(thumbs, base, per_prompt)
 
 

@@ -205,3 +205,24 @@ def test_a_run_the_guard_stopped_is_finished_until_resumed_with_the_guard_off(tm
     stop = load_config(None, ["run.iterations=10", "train.guard.action=stop"])
     assert nothing_left(stop, run)
     assert not nothing_left(load_config(None, ["run.iterations=10"]), run)  # guard off
+
+
+def test_eval_health_against_a_base_reads_the_base_measures_once(monkeypatch):
+    from g2rpo.evaluation.eval_outputs import split_summary
+    from g2rpo.evaluation.evaluate import SplitSamples
+
+    calls = []
+    measure = H.per_image
+    monkeypatch.setattr(H, "per_image", lambda im: calls.append(len(im)) or measure(im))
+    red, blue = _flat(4, rgb=(255, 0, 0)), _flat(4, rgb=(0, 0, 255))
+    values = {"r": np.zeros(4)}
+    base = SplitSamples("held_out", ["a", "b"], 2, red, values)
+    # two models compared with one base, as `g2rpo compare` does
+    for model_images in (red.copy(), blue):
+        model = SplitSamples("held_out", ["a", "b"], 2, model_images, values)
+        health = split_summary(model, base)["health"]
+    assert calls == [4, 4, 4]  # each model once, the base once
+    # blue against red: every border cell moved by (−1, 0, +1), √2 in colour, 2/3 in mean |Δ|
+    assert health["metrics"]["background_shift"]["mean"] == pytest.approx(math.sqrt(2))
+    assert health["vs_base"]["base_distance"]["mean"] == pytest.approx(2 / 3)
+    assert health["vs_base"]["diversity"]["mean"] == 0.0
