@@ -15,65 +15,27 @@ from typing import Any
 
 import torch
 
+from .family_components import FamilyComponents
 from .flux import FluxVelocity, unpack_latents
-from .loaders import resolve_local_dir
 
 COMPONENTS = ("transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2")
 
 
 @dataclass
-class FluxComponents:
+class FluxComponents(FamilyComponents):
     """The FLUX family (``families.py``): FluxPipeline's components."""
 
     PIPELINE = "FluxPipeline"
+    LABEL = "FLUX pipeline"
+    COMPONENTS = COMPONENTS
 
     transformer: Any
-    vae: Any
+    vae: Any  # decodes in fp32 (the official code decodes in bf16 on GPU)
     text_encoder: Any
     text_encoder_2: Any
     tokenizer: Any
     tokenizer_2: Any
     path: Path | None = None
-
-    @classmethod
-    def load(
-        cls,
-        path: str | Path,
-        dtype: torch.dtype = torch.float32,
-        device: str = "cpu",
-        text_encoder_dtype: torch.dtype = torch.float32,
-    ) -> FluxComponents:
-        """Load every component from a local FluxPipeline directory (never a hub).
-        ``dtype``: the transformer's weights; ``text_encoder_dtype``: CLIP's and T5's
-        (T5-XXL is 19 GB in float32)."""
-        from diffusers import AutoencoderKL, FluxTransformer2DModel
-        from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
-
-        root = resolve_local_dir(path, "FLUX pipeline", required=("model_index.json",))
-        for sub in COMPONENTS:
-            resolve_local_dir(root / sub, f"FLUX pipeline component {sub!r}")
-        kw = dict(local_files_only=True)
-        comps = cls(
-            transformer=FluxTransformer2DModel.from_pretrained(
-                root, subfolder="transformer", torch_dtype=dtype, **kw
-            ).to(device),
-            # the VAE decodes in fp32 (the official code decodes in bf16 on GPU)
-            vae=AutoencoderKL.from_pretrained(root, subfolder="vae", **kw).to(device).eval(),
-            text_encoder=CLIPTextModel.from_pretrained(
-                root / "text_encoder", dtype=text_encoder_dtype, **kw
-            )
-            .to(device)
-            .eval(),
-            text_encoder_2=T5EncoderModel.from_pretrained(
-                root / "text_encoder_2", dtype=text_encoder_dtype, **kw
-            )
-            .to(device)
-            .eval(),
-            tokenizer=AutoTokenizer.from_pretrained(root / "tokenizer", **kw),
-            tokenizer_2=AutoTokenizer.from_pretrained(root / "tokenizer_2", **kw),
-            path=root,
-        )
-        return comps.for_inference()
 
     @staticmethod
     def transformer_class():
@@ -82,10 +44,15 @@ class FluxComponents:
         return FluxTransformer2DModel
 
     @staticmethod
-    def pipeline_class():
-        from diffusers import FluxPipeline
+    def module_classes() -> dict[str, Any]:
+        from diffusers import AutoencoderKL
+        from transformers import CLIPTextModel, T5EncoderModel
 
-        return FluxPipeline
+        return {
+            "vae": AutoencoderKL,
+            "text_encoder": CLIPTextModel,
+            "text_encoder_2": T5EncoderModel,
+        }
 
     @staticmethod
     def velocity(
@@ -99,30 +66,6 @@ class FluxComponents:
             autocast_dtype=autocast_dtype,
             attention_backend=attention_backend,
         )
-
-    def as_pipeline(self, scheduler):
-        """diffusers' pipeline over these very modules (its LoRA loader uses it)."""
-        return self.pipeline_class()(
-            scheduler=scheduler,
-            vae=self.vae,
-            text_encoder=self.text_encoder,
-            tokenizer=self.tokenizer,
-            text_encoder_2=self.text_encoder_2,
-            tokenizer_2=self.tokenizer_2,
-            transformer=self.transformer,
-        )
-
-    def for_inference(self) -> FluxComponents:
-        """Every model in eval mode without gradients. These components only sample
-        (the learner builds its own transformer); a weight that requires grad would
-        make autocast keep a low-precision copy of it for the whole forward."""
-        for model in (self.transformer, self.vae, self.text_encoder, self.text_encoder_2):
-            model.eval().requires_grad_(False)
-        return self
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.transformer.parameters()).device
 
     @property
     def vae_scale_factor(self) -> int:
@@ -148,25 +91,15 @@ class FluxComponents:
         hw = self.latent_size(height, width)
         return self.velocity(self.transformer, hw, guidance, autocast_dtype, attention_backend)
 
-    def encode_prompts(
-        self, prompts: list[str], max_sequence_length: int = 512, batch: int = 32
-    ) -> dict:
-        """Prompt embeddings in chunks of ``batch`` prompts: an evaluation's hundreds of
-        prompts through T5-XXL at once would hold GiBs of activations."""
-        if not prompts:
-            raise ValueError("prompts: at least one prompt is needed")
-        parts = [
-            encode_prompts(
-                self.tokenizer,
-                self.text_encoder,
-                self.tokenizer_2,
-                self.text_encoder_2,
-                prompts[lo : lo + batch],
-                max_sequence_length,
-            )
-            for lo in range(0, len(prompts), batch)
-        ]
-        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    def _encode(self, prompts: list[str], max_sequence_length: int) -> dict:
+        return encode_prompts(
+            self.tokenizer,
+            self.text_encoder,
+            self.tokenizer_2,
+            self.text_encoder_2,
+            prompts,
+            max_sequence_length,
+        )
 
     @torch.inference_mode()
     def decode(

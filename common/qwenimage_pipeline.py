@@ -35,12 +35,12 @@ from typing import Any
 
 import torch
 
-from .flux import compute_dtype, sdpa_backends, transformer_call, unpack_latents
+from .family_components import FamilyComponents
+from .flux import unpack_latents
 from .flux_pipeline import latent_size, vae_scale_factor
-from .loaders import resolve_local_dir
+from .velocity import GuidedVelocity
 
 COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer")
-NEGATIVE = "negative_"  # cond keys of the negative prompt's embeddings
 NEGATIVE_PROMPT = " "  # Qwen-Image's reference negative prompt (its model card, its demos)
 MASK = "encoder_hidden_states_mask"
 # QwenImagePipeline's prompt template and the positions it drops (the system turn)
@@ -83,11 +83,13 @@ def pipeline_sigmas(root: str | Path, num_steps: int, height: int, width: int) -
     return scheduler.sigmas.to(torch.float64)
 
 
-class QwenImageVelocity:
+class QwenImageVelocity(GuidedVelocity):
     """Adapts a QwenImageTransformer2DModel to the engine's VelocityModel protocol, with
-    true classifier-free guidance of scale ``guidance`` and the per-token norm rescale.
-    cond holds ``encoder_hidden_states`` and its mask and, for guidance, their
-    ``negative_`` twins."""
+    true classifier-free guidance of scale ``guidance`` and the per-token norm rescale
+    (``guided_velocity``). cond holds ``encoder_hidden_states`` and its mask and, for
+    guidance, their ``negative_`` twins."""
+
+    NEGATIVE_FIRST = False  # one call on both: the pipeline's two calls, batched
 
     def __init__(
         self,
@@ -98,50 +100,27 @@ class QwenImageVelocity:
         autocast_dtype: torch.dtype | None = None,
         attention_backend: str = "auto",
     ) -> None:
-        self.transformer = transformer
+        super().__init__(transformer, guidance, autocast_dtype, attention_backend)
         self.img_shape = (1, latent_height // 2, latent_width // 2)
-        self.guidance = guidance
-        self.autocast_dtype = autocast_dtype
-        self.attention_backend = attention_backend
-        sdpa_backends(attention_backend)  # an unknown backend is refused here, not at a call
-        self.calls = 0
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.transformer.parameters()).device
+    def text_inputs(self, cond: Mapping[str, torch.Tensor], prefix: str) -> dict:
+        # a plan's traces pass no mask: every row used
+        mask = cond[prefix + MASK] if MASK in cond else None
+        return {"encoder_hidden_states": cond[prefix + "encoder_hidden_states"], MASK: mask}
 
-    @property
-    def guided(self) -> bool:
-        return self.guidance is not None and self.guidance > 1.0
+    def transformer_inputs(self, x: torch.Tensor, t: torch.Tensor, text: dict) -> dict:
+        states, mask = text["encoder_hidden_states"].to(self.device, torch.float32), text[MASK]
+        if mask is not None:
+            states, mask = trim_padding(states, mask.to(self.device))
+        return dict(
+            hidden_states=x,
+            timestep=t,
+            encoder_hidden_states=states,
+            encoder_hidden_states_mask=mask,
+            img_shapes=[self.img_shape] * x.shape[0],
+        )
 
-    def __call__(
-        self, x: torch.Tensor, timestep: torch.Tensor, cond: Mapping[str, torch.Tensor]
-    ) -> torch.Tensor:
-        device, f32 = self.device, torch.float32
-        text, mask = cond["encoder_hidden_states"], cond.get(MASK)
-        x, t = x.to(device, f32), timestep.to(device, f32)
-        if self.guided:  # one call on both: the pipeline's two calls, batched
-            text = torch.cat([text, cond[NEGATIVE + "encoder_hidden_states"]])
-            if mask is not None:
-                mask = torch.cat([mask, cond[NEGATIVE + MASK]])
-            x, t = torch.cat([x, x]), torch.cat([t, t])
-        text = text.to(device, f32)
-        if mask is not None:  # a plan's traces pass none: every row used
-            text, mask = trim_padding(text, mask.to(device))
-        self.calls += 1
-        compute = compute_dtype(self.transformer, self.autocast_dtype)
-        with transformer_call(device, compute, self.attention_backend):
-            out = self.transformer(
-                hidden_states=x,
-                timestep=t,
-                encoder_hidden_states=text,
-                encoder_hidden_states_mask=mask,
-                img_shapes=[self.img_shape] * x.shape[0],
-                return_dict=False,
-            )[0].to(f32)
-        if not self.guided:
-            return out
-        positive, negative = out.chunk(2)
+    def combine(self, positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
         return guided_velocity(positive, negative, self.guidance)
 
 
@@ -162,10 +141,13 @@ def trim_padding(text: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 @dataclass
-class QwenImageComponents:
+class QwenImageComponents(FamilyComponents):
     """The Qwen-Image family (``families.py``): QwenImagePipeline's components."""
 
     PIPELINE = "QwenImagePipeline"
+    LABEL = "Qwen-Image pipeline"
+    COMPONENTS = COMPONENTS
+    NEGATIVE_PROMPT = NEGATIVE_PROMPT
 
     transformer: Any
     vae: Any
@@ -174,35 +156,6 @@ class QwenImageComponents:
     path: Path | None = None
     guidance: float = 4.0  # the true-CFG scale encode_prompts prepares for
 
-    @classmethod
-    def load(
-        cls,
-        path: str | Path,
-        dtype: torch.dtype = torch.float32,
-        device: str = "cpu",
-        text_encoder_dtype: torch.dtype = torch.float32,
-    ) -> QwenImageComponents:
-        """Every component from a local QwenImagePipeline directory (never a hub)."""
-        from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
-        from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
-
-        root = resolve_local_dir(path, "Qwen-Image pipeline", required=("model_index.json",))
-        for sub in COMPONENTS:
-            resolve_local_dir(root / sub, f"Qwen-Image pipeline component {sub!r}")
-        kw = dict(local_files_only=True)
-        comps = cls(
-            transformer=QwenImageTransformer2DModel.from_pretrained(
-                root, subfolder="transformer", torch_dtype=dtype, **kw
-            ).to(device),
-            vae=AutoencoderKLQwenImage.from_pretrained(root, subfolder="vae", **kw).to(device),
-            text_encoder=Qwen2_5_VLForConditionalGeneration.from_pretrained(
-                root / "text_encoder", dtype=text_encoder_dtype, **kw
-            ).to(device),
-            tokenizer=AutoTokenizer.from_pretrained(root / "tokenizer", **kw),
-            path=root,
-        )
-        return comps.for_inference()
-
     @staticmethod
     def transformer_class():
         from diffusers import QwenImageTransformer2DModel
@@ -210,10 +163,11 @@ class QwenImageComponents:
         return QwenImageTransformer2DModel
 
     @staticmethod
-    def pipeline_class():
-        from diffusers import QwenImagePipeline
+    def module_classes() -> dict[str, Any]:
+        from diffusers import AutoencoderKLQwenImage
+        from transformers import Qwen2_5_VLForConditionalGeneration
 
-        return QwenImagePipeline
+        return {"vae": AutoencoderKLQwenImage, "text_encoder": Qwen2_5_VLForConditionalGeneration}
 
     @staticmethod
     def velocity(
@@ -223,25 +177,6 @@ class QwenImageComponents:
         return QwenImageVelocity(
             transformer, *latent_hw, guidance, autocast_dtype, attention_backend
         )
-
-    def as_pipeline(self, scheduler):
-        """diffusers' pipeline over these very modules (its LoRA loader uses it)."""
-        return self.pipeline_class()(
-            scheduler=scheduler,
-            vae=self.vae,
-            text_encoder=self.text_encoder,
-            tokenizer=self.tokenizer,
-            transformer=self.transformer,
-        )
-
-    def for_inference(self) -> QwenImageComponents:
-        for model in (self.transformer, self.vae, self.text_encoder):
-            model.eval().requires_grad_(False)
-        return self
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.transformer.parameters()).device
 
     def latent_size(self, height: int, width: int) -> tuple[int, int]:
         """Unpacked latent (h, w) of an image; both must pack into 2x2 tokens (FLUX's rule,
@@ -271,29 +206,12 @@ class QwenImageComponents:
             raise ValueError("the pipeline's σ grid needs the directory it was loaded from")
         return pipeline_sigmas(self.path, num_steps, height, width)
 
-    def encode_prompts(
-        self, prompts: list[str], max_sequence_length: int = 512, batch: int = 32
-    ) -> dict:
-        """QwenImagePipeline.encode_prompt's tensors in chunks of ``batch`` prompts, each
-        padded to ``max_sequence_length`` rows, with the negative prompt's when
-        ``guidance`` > 1."""
-        if not prompts:
-            raise ValueError("prompts: at least one prompt is needed")
+    def check_sequence_length(self, max_sequence_length: int) -> None:
         if not 1 <= max_sequence_length <= TOKENIZER_MAX:
             raise ValueError(
                 f"max_sequence_length must lie in [1, {TOKENIZER_MAX}] (QwenImagePipeline's "
                 f"bound), got {max_sequence_length}"
             )
-        parts = [
-            self._encode(prompts[lo : lo + batch], max_sequence_length)
-            for lo in range(0, len(prompts), batch)
-        ]
-        out = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-        if self.guidance is not None and self.guidance > 1.0:
-            empty = self._encode([NEGATIVE_PROMPT], max_sequence_length)
-            for k, v in empty.items():
-                out[NEGATIVE + k] = v.expand(len(prompts), *v.shape[1:]).clone()
-        return out
 
     def _encode(self, prompts: list[str], max_sequence_length: int) -> dict:
         device = next(self.text_encoder.parameters()).device

@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from .flux import compute_dtype, sdpa_backends, transformer_call
+from .family_components import FamilyComponents
 from .flux_pipeline import decode_latents, vae_scale_factor
-from .loaders import resolve_local_dir
+from .velocity import GuidedVelocity
 
 COMPONENTS = (
     "transformer",
@@ -40,13 +40,15 @@ COMPONENTS = (
     "tokenizer_2",
     "tokenizer_3",
 )
-NEGATIVE = "negative_"  # cond keys of the empty prompt's embeddings
 
 
-class SD3Velocity:
+class SD3Velocity(GuidedVelocity):
     """Adapts an SD3Transformer2DModel to the engine's VelocityModel protocol, with
-    classifier-free guidance of scale ``guidance``. cond holds ``encoder_hidden_states``,
-    ``pooled_projections`` and, for guidance, their ``negative_`` twins."""
+    classifier-free guidance of scale ``guidance``: v_u + s·(v_c − v_u). cond holds
+    ``encoder_hidden_states``, ``pooled_projections`` and, for guidance, their
+    ``negative_`` twins."""
+
+    NEGATIVE_FIRST = True  # the empty prompt's rows first, as diffusers orders them
 
     def __init__(
         self,
@@ -55,52 +57,35 @@ class SD3Velocity:
         autocast_dtype: torch.dtype | None = None,
         attention_backend: str = "auto",
     ) -> None:
-        self.transformer = transformer
-        self.guidance = guidance
-        self.autocast_dtype = autocast_dtype
-        self.attention_backend = attention_backend
-        sdpa_backends(attention_backend)  # an unknown backend is refused here, not at a call
-        self.calls = 0
+        super().__init__(transformer, guidance, autocast_dtype, attention_backend)
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.transformer.parameters()).device
+    def text_inputs(self, cond: Mapping[str, torch.Tensor], prefix: str) -> dict:
+        return {k: cond[prefix + k] for k in ("encoder_hidden_states", "pooled_projections")}
 
-    @property
-    def guided(self) -> bool:
-        return self.guidance is not None and self.guidance > 1.0
+    def model_timestep(self, sigma: torch.Tensor) -> torch.Tensor:
+        return sigma * 1000.0
 
-    def __call__(
-        self, x: torch.Tensor, timestep: torch.Tensor, cond: Mapping[str, torch.Tensor]
-    ) -> torch.Tensor:
+    def transformer_inputs(self, x: torch.Tensor, t: torch.Tensor, text: dict) -> dict:
         device, f32 = self.device, torch.float32
-        text, pooled = cond["encoder_hidden_states"], cond["pooled_projections"]
-        x, t = x.to(device, f32), timestep.to(device, f32) * 1000.0
-        if self.guided:  # the empty prompt's rows first, as diffusers orders them
-            text = torch.cat([cond[NEGATIVE + "encoder_hidden_states"], text])
-            pooled = torch.cat([cond[NEGATIVE + "pooled_projections"], pooled])
-            x, t = torch.cat([x, x]), torch.cat([t, t])
-        self.calls += 1
-        compute = compute_dtype(self.transformer, self.autocast_dtype)
-        with transformer_call(device, compute, self.attention_backend):
-            out = self.transformer(
-                hidden_states=x,
-                timestep=t,
-                encoder_hidden_states=text.to(device, f32),
-                pooled_projections=pooled.to(device, f32),
-                return_dict=False,
-            )[0].to(f32)
-        if not self.guided:
-            return out
-        uncond, positive = out.chunk(2)
-        return uncond + self.guidance * (positive - uncond)
+        return dict(
+            hidden_states=x,
+            timestep=t,
+            encoder_hidden_states=text["encoder_hidden_states"].to(device, f32),
+            pooled_projections=text["pooled_projections"].to(device, f32),
+        )
+
+    def combine(self, positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
+        return negative + self.guidance * (positive - negative)
 
 
 @dataclass
-class SD3Components:
+class SD3Components(FamilyComponents):
     """The SD3 family (``families.py``): StableDiffusion3Pipeline's components."""
 
     PIPELINE = "StableDiffusion3Pipeline"
+    LABEL = "SD3 pipeline"
+    COMPONENTS = COMPONENTS
+    NEGATIVE_PROMPT = ""  # the pipeline's default negative prompt
 
     transformer: Any
     vae: Any
@@ -113,41 +98,6 @@ class SD3Components:
     path: Path | None = None
     guidance: float = 4.5  # the classifier-free guidance scale encode_prompts prepares for
 
-    @classmethod
-    def load(
-        cls,
-        path: str | Path,
-        dtype: torch.dtype = torch.float32,
-        device: str = "cpu",
-        text_encoder_dtype: torch.dtype = torch.float32,
-    ) -> SD3Components:
-        """Every component from a local StableDiffusion3Pipeline directory (never a hub)."""
-        from diffusers import AutoencoderKL, SD3Transformer2DModel
-        from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
-
-        root = resolve_local_dir(path, "SD3 pipeline", required=("model_index.json",))
-        for sub in COMPONENTS:
-            resolve_local_dir(root / sub, f"SD3 pipeline component {sub!r}")
-        kw = dict(local_files_only=True)
-
-        def encoder(kind, sub):
-            return kind.from_pretrained(root / sub, dtype=text_encoder_dtype, **kw).to(device)
-
-        comps = cls(
-            transformer=SD3Transformer2DModel.from_pretrained(
-                root, subfolder="transformer", torch_dtype=dtype, **kw
-            ).to(device),
-            vae=AutoencoderKL.from_pretrained(root, subfolder="vae", **kw).to(device),
-            text_encoder=encoder(CLIPTextModelWithProjection, "text_encoder"),
-            text_encoder_2=encoder(CLIPTextModelWithProjection, "text_encoder_2"),
-            text_encoder_3=encoder(T5EncoderModel, "text_encoder_3"),
-            tokenizer=AutoTokenizer.from_pretrained(root / "tokenizer", **kw),
-            tokenizer_2=AutoTokenizer.from_pretrained(root / "tokenizer_2", **kw),
-            tokenizer_3=AutoTokenizer.from_pretrained(root / "tokenizer_3", **kw),
-            path=root,
-        )
-        return comps.for_inference()
-
     @staticmethod
     def transformer_class():
         from diffusers import SD3Transformer2DModel
@@ -155,10 +105,16 @@ class SD3Components:
         return SD3Transformer2DModel
 
     @staticmethod
-    def pipeline_class():
-        from diffusers import StableDiffusion3Pipeline
+    def module_classes() -> dict[str, Any]:
+        from diffusers import AutoencoderKL
+        from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
-        return StableDiffusion3Pipeline
+        return {
+            "vae": AutoencoderKL,
+            "text_encoder": CLIPTextModelWithProjection,
+            "text_encoder_2": CLIPTextModelWithProjection,
+            "text_encoder_3": T5EncoderModel,
+        }
 
     @staticmethod
     def velocity(
@@ -167,38 +123,6 @@ class SD3Components:
         """The family's velocity adapter over a transformer (the learner's own); SD3's
         transformer patches the latent itself, so the size is not needed."""
         return SD3Velocity(transformer, guidance, autocast_dtype, attention_backend)
-
-    def as_pipeline(self, scheduler):
-        """diffusers' pipeline over these very modules (its LoRA loader uses it)."""
-        return self.pipeline_class()(
-            transformer=self.transformer,
-            scheduler=scheduler,
-            vae=self.vae,
-            text_encoder=self.text_encoder,
-            tokenizer=self.tokenizer,
-            text_encoder_2=self.text_encoder_2,
-            tokenizer_2=self.tokenizer_2,
-            text_encoder_3=self.text_encoder_3,
-            tokenizer_3=self.tokenizer_3,
-        )
-
-    def _models(self) -> tuple:
-        return (
-            self.transformer,
-            self.vae,
-            self.text_encoder,
-            self.text_encoder_2,
-            self.text_encoder_3,
-        )
-
-    def for_inference(self) -> SD3Components:
-        for model in self._models():
-            model.eval().requires_grad_(False)
-        return self
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.transformer.parameters()).device
 
     def latent_size(self, height: int, width: int) -> tuple[int, int]:
         """Latent (h, w) of an image: the VAE's factor, times the transformer's patch."""
@@ -223,25 +147,6 @@ class SD3Components:
         hw = self.latent_size(height, width)  # refuses a size the transformer cannot patch
         self.guidance = guidance  # encode_prompts then adds the empty prompt's rows
         return self.velocity(self.transformer, hw, guidance, autocast_dtype, attention_backend)
-
-    def encode_prompts(
-        self, prompts: list[str], max_sequence_length: int = 256, batch: int = 32
-    ) -> dict:
-        """StableDiffusion3Pipeline.encode_prompt's tensors in chunks of ``batch``
-        prompts, with the empty prompt's when ``guidance`` > 1."""
-        if not prompts:
-            raise ValueError("prompts: at least one prompt is needed")
-        out = {}
-        parts = [
-            self._encode(prompts[lo : lo + batch], max_sequence_length)
-            for lo in range(0, len(prompts), batch)
-        ]
-        out = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-        if self.guidance is not None and self.guidance > 1.0:
-            empty = self._encode([""], max_sequence_length)
-            for k, v in empty.items():
-                out[NEGATIVE + k] = v.expand(len(prompts), *v.shape[1:]).clone()
-        return out
 
     def _encode(self, prompts: list[str], max_sequence_length: int) -> dict:
         device = next(self.text_encoder_3.parameters()).device

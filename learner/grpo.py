@@ -22,7 +22,6 @@ from typing import Literal
 
 import torch
 
-from ..common.flux import naming_backend
 from ..common.ppo import clipped_surrogate, guard_log_ratio, kl_to_reference
 from ..common.schedules import SamplingGrid
 from ..common.sde import (
@@ -33,6 +32,7 @@ from ..common.sde import (
     transition_mean,
 )
 from ..common.trajectories import Transitions
+from ..common.transformer_call import naming_backend
 from ..rollout_worker.engine import VelocityModel
 from .distributed import SINGLE, RankShare, gather_objects, sum_gradients, total_norm
 

@@ -12,7 +12,6 @@ from ..common.config import G2RPOConfig
 from ..common.config_algorithm import FORWARD_PROCESS
 from ..common.errors import ConfigError, RunDirError
 from ..common.families import config_sampling_grid, family_class
-from ..common.flux import checkpointing_func
 from ..common.flux_pipeline import latent_size
 from ..common.loaders import resolve_local_dir
 from ..common.lora import BaseModelVelocity, adapter_state, attach_lora, load_adapter_state
@@ -21,6 +20,7 @@ from ..common.sde import noise_step_weights
 from ..common.seeds import seed_for
 from ..common.time_sharing import DeviceTurn, move_module, move_optimizer_state
 from ..common.trajectories import Trajectories
+from ..common.transformer_call import checkpointing_func
 from ..common.weights import weights_checksum
 from .advantages import plan_advantages
 from .checkpoints import (

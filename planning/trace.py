@@ -175,7 +175,7 @@ def velocity_of(model, config: dict, latent_hw, autocast_dtype, guided: bool = F
 def guided_cond(cond: dict) -> dict:
     """``cond`` with the negative prompt's rows a guided call (SD3, Qwen-Image) also
     takes (both families name them ``negative_``)."""
-    from ..common.sd3_pipeline import NEGATIVE
+    from ..common.velocity import NEGATIVE
 
     return {**cond, **{NEGATIVE + k: torch.randn_like(v) for k, v in cond.items()}}
 

@@ -65,7 +65,8 @@ def test_bf16_network_runs_under_autocast_with_fp32_inputs():
 def test_attention_backend_restricts_the_sdpa_kernels():
     """auto == math on CPU (the same attention, other kernel); a kernel the device
     lacks fails naming the config field instead of a bare torch error."""
-    from g2rpo.common.flux import AttentionBackendError, FluxVelocity
+    from g2rpo.common.flux import FluxVelocity
+    from g2rpo.common.transformer_call import AttentionBackendError
 
     model = build_tiny_flux("test", seed=0)
     x, t, cond = torch.randn(2, 4, 64), torch.tensor([0.9, 0.3]), flux_cond(2)
@@ -131,7 +132,7 @@ def test_checkpointing_func_gives_the_recompute_the_forwards_input_dtype():
     before: the learner's first update failed on an H200). Cast before the checkpoint,
     both passes get bfloat16, nested arguments (FLUX's rotary pair) included; integer
     tensors and non-tensors pass as they are."""
-    from g2rpo.common.flux import checkpointing_func
+    from g2rpo.common.transformer_call import checkpointing_func
 
     seen = []
 
