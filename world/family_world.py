@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from ..common.errors import UsageError
 from ..common.paths import DEFAULT_WORLD
 from ..common.shapes import SPLIT_SEED, ShapeSpec, render_batch, split_combinations
-from .flow import lr_at
+from .flow import flow_matching
 from .pretrain import FULL, QUICK, PretrainSettings
 from .text import MAX_TOKENS
 from .vae import encode_images
@@ -172,44 +172,30 @@ def train_family_flow(
     lr: float = 1e-3,
     progress: bool = True,
 ) -> float:
-    """x_t = (1−t)·x0 + t·ε, target ε − x0, t ~ sigmoid(N(0,1)), as ``world/flow.py``,
-    through ``comps``'s velocity adapter (unguided) and prompt encoding (with gradients);
-    returns the loss's moving average."""
+    """``world/flow.flow_matching`` through ``comps``'s velocity adapter and prompt
+    encoding; returns the loss's moving average."""
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(train_specs), settings.flow_images)
     images = render_batch([train_specs[i] for i in idx], seed=seed + 2)
     latents = family_latents(comps, images)
     prompts = [train_specs[i].prompt for i in idx]
-    velocity = comps.velocity_model(IMAGE_SIZE, IMAGE_SIZE, guidance=1.0)
-    modules = [comps.transformer, *encoders]
-    for m in modules:
-        m.train().requires_grad_(True)
-    params = [p for m in modules for p in m.parameters()]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.99))
-    steps, batch = settings.flow_steps, settings.flow_batch
-    warmup = 200 if steps > 400 else steps // 10 + 1
-    ema = None
-    bar = tqdm(range(steps), desc="flow", disable=not progress)
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, warmup, settings.flow_decay_steps, lr)
-        pick = rng.integers(0, len(prompts), batch)
-        x0 = latents[torch.from_numpy(pick)]
-        noise = torch.randn_like(x0)
-        t = torch.sigmoid(torch.randn(batch))
-        tb = t.view(-1, *[1] * (x0.dim() - 1))
-        xt = (1 - tb) * x0 + tb * noise
-        texts = [empty_prompt if rng.random() < EMPTY_PROMPT_RATE else prompts[i] for i in pick]
-        pred = velocity(xt, t, comps.encode_prompts(texts, MAX_TOKENS))
-        loss = torch.mean((pred - (noise - x0)) ** 2)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-        bar.set_postfix(loss=f"{ema:.4f}")
+    ema = flow_matching(
+        comps.velocity_model(IMAGE_SIZE, IMAGE_SIZE, guidance=1.0),
+        lambda texts: comps.encode_prompts(texts, MAX_TOKENS),
+        latents,
+        prompts,
+        [comps.transformer, *encoders],
+        steps=settings.flow_steps,
+        batch=settings.flow_batch,
+        decay_steps=settings.flow_decay_steps,
+        lr=lr,
+        rng=rng,
+        empty_prompt=empty_prompt,
+        empty_prompt_rate=EMPTY_PROMPT_RATE,
+        progress=progress,
+    )
     comps.for_inference()
-    return float(ema)
+    return ema
 
 
 def pretrain_family(

@@ -52,8 +52,7 @@ def train_flow(
     lr: float = 1e-3,
     progress: bool = True,
 ):
-    """x_t = (1−t)·x0 + t·ε, target ε − x0, t ~ sigmoid(N(0,1)); AdamW with warm-up
-    and a linear-decay tail (worth ~10 points of shape accuracy in the notes)."""
+    """The FLUX world's transformer and text encoders trained by ``flow_matching``."""
     from diffusers import FluxTransformer2DModel
 
     torch.manual_seed(seed)
@@ -67,24 +66,70 @@ def train_flow(
     velocity = FluxVelocity(transformer, h, w)
     tok, tok2 = tokenizers
     clip, t5 = encoders
-    params = [*transformer.parameters(), *clip.parameters(), *t5.parameters()]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.99))
+
+    def encode(texts: list[str]) -> dict:
+        return encode_prompts(tok, clip, tok2, t5, texts, MAX_TOKENS)
+
+    ema = flow_matching(
+        velocity,
+        encode,
+        latents,
+        prompts,
+        [transformer, clip, t5],
+        steps=steps,
+        batch=batch,
+        decay_steps=decay_steps,
+        lr=lr,
+        rng=rng,
+        progress=progress,
+    )
     for m in (transformer, clip, t5):
-        m.train()
-    bar = tqdm(range(steps), desc="flow", disable=not progress)
+        m.eval()
+    return transformer, ema
+
+
+def flow_matching(
+    velocity,
+    encode,
+    latents: torch.Tensor,
+    prompts: list[str],
+    modules: list[torch.nn.Module],
+    *,
+    steps: int,
+    batch: int,
+    decay_steps: int,
+    lr: float,
+    rng: np.random.Generator,
+    empty_prompt: str = "",
+    empty_prompt_rate: float = 0.0,
+    progress: bool = True,
+) -> float:
+    """The rectified-flow loop every family's world trains with: x_t = (1−t)·x0 + t·ε,
+    target ε − x0, t ~ sigmoid(N(0,1)), on ``velocity`` (unguided) and ``encode`` (with
+    gradients) over ``modules``' parameters; AdamW with warm-up and a linear-decay tail
+    (worth ~10 points of shape accuracy in the notes); each prompt replaced by
+    ``empty_prompt`` at ``empty_prompt_rate`` (an unconditional model for guidance).
+    Returns the loss's moving average."""
+    for m in modules:
+        m.train().requires_grad_(True)
+    params = [p for m in modules for p in m.parameters()]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.99))
+    warmup = 200 if steps > 400 else steps // 10 + 1
     ema = None
+    bar = tqdm(range(steps), desc="flow", disable=not progress)
     for step in bar:
         for group in opt.param_groups:
-            group["lr"] = lr_at(
-                step, steps, 200 if steps > 400 else steps // 10 + 1, decay_steps, lr
-            )
-        pick = torch.from_numpy(rng.integers(0, len(prompts), batch))
-        x0 = latents[pick]
+            group["lr"] = lr_at(step, steps, warmup, decay_steps, lr)
+        pick = rng.integers(0, len(prompts), batch)
+        x0 = latents[torch.from_numpy(pick)]
         noise = torch.randn_like(x0)
         t = torch.sigmoid(torch.randn(batch))
-        xt = (1 - t[:, None, None]) * x0 + t[:, None, None] * noise
-        cond = encode_prompts(tok, clip, tok2, t5, [prompts[i] for i in pick], MAX_TOKENS)
-        pred = velocity(xt, t, cond)
+        tb = t.view(-1, *[1] * (x0.dim() - 1))
+        xt = (1 - tb) * x0 + tb * noise
+        texts = [prompts[i] for i in pick]
+        if empty_prompt_rate:  # no draws without: the FLUX world's stream stays as trained
+            texts = [empty_prompt if rng.random() < empty_prompt_rate else p for p in texts]
+        pred = velocity(xt, t, encode(texts))
         loss = torch.mean((pred - (noise - x0)) ** 2)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -92,6 +137,4 @@ def train_flow(
         opt.step()
         ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
         bar.set_postfix(loss=f"{ema:.4f}")
-    for m in (transformer, clip, t5):
-        m.eval()
-    return transformer, ema
+    return float(ema)
