@@ -206,3 +206,30 @@ def test_committed_default_world_loads_and_its_reward_separates_pairs():
     truth = render_batch(held, seed=5)
     wrong = [held[(i + 7) % len(held)].prompt for i in range(len(held))]
     assert auc(clip.score(truth, [s.prompt for s in held]), clip.score(truth, wrong)) > 0.9
+
+
+def test_the_clip_tokenizer_is_the_same_in_every_process_and_keeps_words_whole():
+    # tokenizers' BpeTrainer had numbered its end-of-word tokens in hash-map order, so
+    # two runs of `g2rpo pretrain --seed 0` trained different worlds
+    import sys
+
+    from g2rpo.common.shapes import all_combinations
+    from g2rpo.world.text import WORDS, build_clip_tokenizer
+
+    probe = (
+        "from g2rpo.world.text import build_clip_tokenizer as b; "
+        "print(b().backend_tokenizer.to_str())"
+    )
+    runs = [
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
+    assert runs[0].stdout == runs[1].stdout
+    tok = build_clip_tokenizer()
+    assert json.loads(runs[0].stdout)["model"]["vocab"] == tok.get_vocab()
+    unknown = tok.convert_tokens_to_ids(tok.unk_token)
+    for word in WORDS:
+        assert tok.tokenize(word) == [word + "</w>"]
+    for spec in all_combinations():
+        ids = tok(spec.prompt).input_ids[1:-1]
+        assert len(ids) == len(spec.prompt.split()) and unknown not in ids

@@ -3,7 +3,7 @@ CLIP/T5 tokenizer classes and tiny CLIP/T5 text encoders (FLUX's two encoders)."
 
 from __future__ import annotations
 
-import json
+import re
 
 from ..common.shapes import COLOURS, SHAPES, all_combinations
 
@@ -13,23 +13,30 @@ TEXT_DIM = 64
 
 
 def build_clip_tokenizer():
-    """A transformers CLIPTokenizer whose BPE (trained here on the world's prompts)
-    maps every word to one token."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    """A transformers CLIPTokenizer whose BPE maps every word of the world to one token.
+
+    The vocabulary and merges are built here, in a fixed order. tokenizers' BpeTrainer
+    numbers its end-of-word tokens in hash-map order (huggingface/tokenizers#1794), which
+    breaks its ties among merges differently from run to run: a trained vocabulary, and
+    every world trained on it, differed between two runs of one command. Here each word's
+    merges join a character to the suffix after it, right to left (green: e + n</w>,
+    e + en</w>, r + een</w>, g + reen</w>). Only the pair at a word's end is ever a merge,
+    so every word becomes one token whatever the order of the merges."""
     from transformers import CLIPTokenizer
 
-    bpe = Tokenizer(models.BPE(end_of_word_suffix="</w>"))
-    bpe.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.BpeTrainer(
-        vocab_size=1000,
-        end_of_word_suffix="</w>",
-        special_tokens=["<|startoftext|>", "<|endoftext|>"],
-        show_progress=False,
-    )
-    bpe.train_from_iterator([s.prompt for s in all_combinations()] + list(WORDS), trainer)
-    model = json.loads(bpe.to_str())["model"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    return CLIPTokenizer(vocab=model["vocab"], merges=merges, model_max_length=MAX_TOKENS)
+    texts = [s.prompt for s in all_combinations()] + list(WORDS)
+    words = sorted({w for text in texts for w in re.findall(r"\w+|[^\w\s]+", text.lower())})
+    chars = sorted({c for w in words for c in w})
+    tokens = ["<|startoftext|>", "<|endoftext|>", *chars, *(c + "</w>" for c in chars)]
+    merges: dict[tuple[str, str], None] = {}
+    for word in words:
+        suffix = word[-1] + "</w>"
+        for c in reversed(word[:-1]):
+            merges[c, suffix] = None
+            suffix = c + suffix
+            tokens.append(suffix)
+    vocab = {token: i for i, token in enumerate(dict.fromkeys(tokens))}
+    return CLIPTokenizer(vocab=vocab, merges=list(merges), model_max_length=MAX_TOKENS)
 
 
 def build_t5_tokenizer():
