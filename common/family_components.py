@@ -81,6 +81,12 @@ class FamilyComponents:
             scheduler=scheduler, **{name: getattr(self, name) for name in self.COMPONENTS}
         )
 
+    def save(self, out: str | Path, scheduler) -> Path:
+        """These modules saved as diffusers saves the family's pipeline, with ``scheduler``."""
+        path = Path(out)
+        self.as_pipeline(scheduler).save_pretrained(path)
+        return path
+
     def for_inference(self):
         """Every model in eval mode without gradients. These components only sample
         (the learner builds its own transformer); a weight that requires grad would

@@ -17,7 +17,12 @@ from pathlib import Path
 
 import torch
 
-from ..common.qwenimage_pipeline import NEGATIVE_PROMPT, TEMPLATE, TEMPLATE_DROP
+from ..common.qwenimage_pipeline import (
+    NEGATIVE_PROMPT,
+    TEMPLATE,
+    TEMPLATE_DROP,
+    QwenImageComponents,
+)
 from ..common.shapes import all_combinations
 from .text import TEXT_DIM
 
@@ -112,18 +117,10 @@ def build_qwen_text_encoder(vocab_size: int, hidden: int = TEXT_DIM):
 
 def save_qwenimage_pipeline(out: str | Path, transformer, vae, text_encoder, tokenizer) -> Path:
     """Save the parts as diffusers saves a QwenImagePipeline."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+    from diffusers import FlowMatchEulerDiscreteScheduler
 
-    pipe = QwenImagePipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
-        vae=vae.eval(),
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        transformer=transformer.eval(),
-    )
-    path = Path(out)
-    pipe.save_pretrained(path)
-    return path
+    comps = QwenImageComponents(transformer, vae, text_encoder, tokenizer)
+    return comps.save(out, FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER))
 
 
 def qwen_transformer(

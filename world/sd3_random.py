@@ -58,17 +58,12 @@ def sd3_text_stack(clip_tokens: int = MAX_TOKENS) -> dict:
 
 def save_sd3_pipeline(out: str | Path, transformer, vae, text: dict, shift: float = 3.0) -> Path:
     """Save the parts as diffusers saves a StableDiffusion3Pipeline."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+    from diffusers import FlowMatchEulerDiscreteScheduler
 
-    pipe = StableDiffusion3Pipeline(
-        transformer=transformer.eval(),
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=shift),
-        vae=vae.eval(),
-        **text,
-    )
-    path = Path(out)
-    pipe.save_pretrained(path)
-    return path
+    from ..common.sd3_pipeline import SD3Components
+
+    comps = SD3Components(transformer=transformer, vae=vae, **text)
+    return comps.save(out, FlowMatchEulerDiscreteScheduler(shift=shift))
 
 
 def build_random_sd3_pipeline(out: str | Path, seed: int = 0, width: int = 16) -> Path:
