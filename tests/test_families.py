@@ -254,15 +254,16 @@ def test_a_family_world_trains_and_evaluates(family, tmp_path):
         pretrain_family(world, family, quick=True, progress=False)
 
 
-def test_the_committed_sd3_world_draws_the_prompts_colours():
-    # assets/shapes-world-sd3 (README there: 47% held-out checker pass, every colour right)
+@pytest.mark.parametrize("family", ["sd3", "qwenimage"])
+def test_a_committed_family_world_draws_the_prompts_colours(family):
+    # assets/shapes-world-<family> (READMEs there: every held-out colour right)
     from g2rpo.common.shapes import split_combinations
     from g2rpo.reward_server.scorers.shapes_oracle import ShapesOracle
     from g2rpo.world.evaluate import sample_images
 
-    world = DEFAULT_WORLD.parent / "shapes-world-sd3"
+    world = DEFAULT_WORLD.parent / f"shapes-world-{family}"
     meta = json.loads((world / "world.json").read_text())
-    assert meta["family"] == "sd3" and not meta["quick"]
+    assert meta["family"] == family and not meta["quick"]
     comps = load_components(world / "pipeline")
     prompts = [s.prompt for s in split_combinations()[1][:8]]  # held out
     checks = ShapesOracle().checks(sample_images(comps, prompts, seed=0), prompts)

@@ -1,5 +1,5 @@
 """The other model families through `g2rpo train`: three iterations of the small setting
-on a random pipeline in StableDiffusion3Pipeline's layout and one in QwenImagePipeline's
+on the committed worlds in StableDiffusion3Pipeline's layout and in QwenImagePipeline's
 (classifier-free guidance in every model call; Qwen-Image's rescaled true CFG on its
 own resolution-shifted σ grid), on the session's local Ray with its warm actors."""
 
@@ -40,10 +40,11 @@ def test_sd3_trains_three_iterations(warm, world, scorer_url, tmp_path):
 
 
 def test_qwen_image_trains_three_iterations(warm, world, scorer_url, tmp_path):
+    # on the committed Qwen-Image world (assets/shapes-world-qwenimage)
     from diffusers import QwenImageTransformer2DModel
-    from g2rpo.world.qwenimage_random import build_random_qwenimage_pipeline
+    from g2rpo.common.paths import DEFAULT_WORLD
 
-    qwen = build_random_qwenimage_pipeline(tmp_path / "qwen", seed=3)
+    qwen = DEFAULT_WORLD.parent / "shapes-world-qwenimage" / "pipeline"
     extra = [
         f"model.pretrained={qwen}",
         "model.guidance=4.0",

@@ -9,7 +9,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..common.families import PipelineComponents, load_components
+from ..common.families import (
+    PipelineComponents,
+    family_of,
+    load_components,
+    pipeline_sampling_grid,
+)
 from ..common.schedules import sampling_grid
 from ..common.shapes import ShapeSpec, render_batch, split_combinations
 from ..reward_server.scorers.clip_score import ClipScore
@@ -30,11 +35,17 @@ def sample_images(
     size: int = IMAGE_SIZE,
     max_sequence_length: int = MAX_TOKENS,
 ) -> np.ndarray:
-    """Deterministic ODE samples (the policy's evaluation samples) as uint8 [N, H, W, 3]."""
+    """Deterministic ODE samples (the policy's evaluation samples) as uint8 [N, H, W, 3],
+    on the shifted grid, or on the pipeline's own where it shifts σ by the image's size
+    (Qwen-Image: σ itself, unquantised, as ``sampling.sigma_grid: diffusers``)."""
+    if comps.path is not None and family_of(comps.path) == "qwenimage":
+        grid = pipeline_sampling_grid(comps.path, num_steps, shift, False, "diffusers", size)
+    else:
+        grid = sampling_grid(num_steps, shift)
     _, _, images = sample_on_pipeline(
         comps,
         comps.velocity_model(size, size),
-        sampling_grid(num_steps, shift),
+        grid,
         anchor_plan(len(prompts), num_steps),
         prompts,
         torch.Generator().manual_seed(seed),
