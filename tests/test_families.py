@@ -268,3 +268,15 @@ def test_a_committed_family_world_draws_the_prompts_colours(family):
     prompts = [s.prompt for s in split_combinations()[1][:8]]  # held out
     checks = ShapesOracle().checks(sample_images(comps, prompts, seed=0), prompts)
     assert all(c.bg_ok and c.fg_ok for c in checks)
+
+
+def test_a_qwen_image_world_is_sampled_on_its_pipelines_own_grid():
+    from g2rpo.common.schedules import sampling_grid
+    from g2rpo.world.evaluate import world_grid
+
+    qwen = load_components(DEFAULT_WORLD.parent / "shapes-world-qwenimage" / "pipeline")
+    grid = world_grid(qwen, 16, 3.0, 32)
+    assert torch.equal(grid.sigmas, qwen.sigmas(16, 32, 32))  # shift 3 plays no part
+    assert torch.equal(grid.timesteps, grid.sigmas.float())
+    sd3 = load_components(DEFAULT_WORLD.parent / "shapes-world-sd3" / "pipeline")
+    assert torch.equal(world_grid(sd3, 16, 3.0, 32).sigmas, sampling_grid(16, 3.0).sigmas)

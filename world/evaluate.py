@@ -26,6 +26,15 @@ from .text import MAX_TOKENS
 IMAGE_SIZE = 32
 
 
+def world_grid(comps: PipelineComponents, num_steps: int, shift: float, size: int):
+    """The σ grid a world is sampled on: the shifted grid, or the pipeline's own where it
+    shifts σ by the image's size (Qwen-Image: σ itself, unquantised, as a run with
+    ``sampling.sigma_grid: diffusers`` samples)."""
+    if comps.path is not None and family_of(comps.path) == "qwenimage":
+        return pipeline_sampling_grid(comps.path, num_steps, shift, False, "diffusers", size)
+    return sampling_grid(num_steps, shift)
+
+
 def sample_images(
     comps: PipelineComponents,
     prompts: list[str],
@@ -35,17 +44,11 @@ def sample_images(
     size: int = IMAGE_SIZE,
     max_sequence_length: int = MAX_TOKENS,
 ) -> np.ndarray:
-    """Deterministic ODE samples (the policy's evaluation samples) as uint8 [N, H, W, 3],
-    on the shifted grid, or on the pipeline's own where it shifts σ by the image's size
-    (Qwen-Image: σ itself, unquantised, as ``sampling.sigma_grid: diffusers``)."""
-    if comps.path is not None and family_of(comps.path) == "qwenimage":
-        grid = pipeline_sampling_grid(comps.path, num_steps, shift, False, "diffusers", size)
-    else:
-        grid = sampling_grid(num_steps, shift)
+    """Deterministic ODE samples (the policy's evaluation samples) as uint8 [N, H, W, 3]."""
     _, _, images = sample_on_pipeline(
         comps,
         comps.velocity_model(size, size),
-        grid,
+        world_grid(comps, num_steps, shift, size),
         anchor_plan(len(prompts), num_steps),
         prompts,
         torch.Generator().manual_seed(seed),
