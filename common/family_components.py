@@ -21,6 +21,9 @@ class FamilyComponents:
     LABEL: ClassVar[str]  # the directory in errors: "FLUX pipeline"
     COMPONENTS: ClassVar[tuple[str, ...]]  # the modules, named as the pipeline's arguments
     NEGATIVE_PROMPT: ClassVar[str | None] = None  # classifier-free guidance's; None: no CFG
+    # How a bare pipeline of the family is sampled where no run config says (``g2rpo
+    # eval`` of a pipeline directory): ``model.guidance`` and the sampling fields
+    SAMPLING: ClassVar[dict] = {}
 
     transformer: Any
     path: Path | None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -28,6 +28,7 @@ class FluxComponents(FamilyComponents):
     PIPELINE = "FluxPipeline"
     LABEL = "FLUX pipeline"
     COMPONENTS = COMPONENTS
+    SAMPLING: ClassVar[dict] = {"guidance": 3.5}  # FLUX.1-dev's distilled guidance
 
     transformer: Any
     vae: Any  # decodes in fp32 (the official code decodes in bf16 on GPU)

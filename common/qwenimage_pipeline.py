@@ -31,7 +31,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -147,6 +147,12 @@ class QwenImageComponents(FamilyComponents):
     PIPELINE = "QwenImagePipeline"
     LABEL = "Qwen-Image pipeline"
     COMPONENTS = COMPONENTS
+    # the pipeline's own σ grid (shifted by the image's size), σ itself as the timestep
+    SAMPLING: ClassVar[dict] = {
+        "guidance": 4.0,
+        "sigma_grid": "diffusers",
+        "quantize_timestep": False,
+    }
     NEGATIVE_PROMPT = NEGATIVE_PROMPT
 
     transformer: Any

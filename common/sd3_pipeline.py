@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -85,6 +85,7 @@ class SD3Components(FamilyComponents):
     PIPELINE = "StableDiffusion3Pipeline"
     LABEL = "SD3 pipeline"
     COMPONENTS = COMPONENTS
+    SAMPLING: ClassVar[dict] = {"guidance": 4.5}  # SD3.5-Medium's model card
     NEGATIVE_PROMPT = ""  # the pipeline's default negative prompt
 
     transformer: Any

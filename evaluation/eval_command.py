@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .eval_outputs import eval_summary, write_eval_outputs
-from .evaluate import EvalSettings, evaluate_policy
+from .evaluate import EvalSettings, evaluate_policy, pipeline_settings
 from .metrics import make_scorers
 from .policy import PolicySource, load_policy, resolve_policy
 
@@ -33,7 +33,7 @@ def eval_command(
     if source.config is not None:
         settings = EvalSettings.for_run(source.config, **overrides)
     else:
-        settings = EvalSettings(**{k: v for k, v in overrides.items() if v is not None})
+        settings = pipeline_settings(source.base, **overrides)
     scorers = make_scorers(settings.scorers, settings.device)
     model = evaluate_policy(
         load_policy(source, settings.device), settings, scorers, progress=progress

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -63,6 +64,15 @@ class EvalSettings(BaseModel):
             fields["scorers"] = list(cfg.train.reward.scorers)
         fields.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**fields)
+
+
+def pipeline_settings(pipeline: str | Path, **overrides) -> EvalSettings:
+    """A bare pipeline directory sampled as its family samples (guidance, σ grid and
+    timestep convention: the components class's ``SAMPLING``), where no run says."""
+    from ..common.families import components_class, family_of
+
+    family = components_class(family_of(pipeline)).SAMPLING
+    return EvalSettings(**{**family, **{k: v for k, v in overrides.items() if v is not None}})
 
 
 def split_prompts(split: str, count: int) -> list[str]:

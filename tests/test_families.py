@@ -280,3 +280,18 @@ def test_a_qwen_image_world_is_sampled_on_its_pipelines_own_grid():
     assert torch.equal(grid.timesteps, grid.sigmas.float())
     sd3 = load_components(DEFAULT_WORLD.parent / "shapes-world-sd3" / "pipeline")
     assert torch.equal(world_grid(sd3, 16, 3.0, 32).sigmas, sampling_grid(16, 3.0).sigmas)
+
+
+def test_a_bare_pipeline_is_evaluated_as_its_family_samples():
+    # `g2rpo eval PIPELINE_DIR` has no run config: the family's guidance, σ grid and
+    # timestep convention (FLUX's 3.5 had been every family's)
+    from g2rpo.evaluation.evaluate import pipeline_settings
+
+    assets = DEFAULT_WORLD.parent
+    qwen = pipeline_settings(assets / "shapes-world-qwenimage" / "pipeline", num_steps=8)
+    assert (qwen.guidance, qwen.sigma_grid, qwen.quantize_timestep) == (4.0, "diffusers", False)
+    assert qwen.num_steps == 8
+    sd3 = pipeline_settings(assets / "shapes-world-sd3" / "pipeline", guidance=2.0)
+    assert (sd3.guidance, sd3.sigma_grid, sd3.quantize_timestep) == (2.0, "uniform", True)
+    flux = pipeline_settings(DEFAULT_WORLD / "pipeline", guidance=None)
+    assert (flux.guidance, flux.sigma_grid, flux.quantize_timestep) == (3.5, "uniform", True)

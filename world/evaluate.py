@@ -11,6 +11,7 @@ import torch
 
 from ..common.families import (
     PipelineComponents,
+    components_class,
     family_of,
     load_components,
     pipeline_sampling_grid,
@@ -27,12 +28,14 @@ IMAGE_SIZE = 32
 
 
 def world_grid(comps: PipelineComponents, num_steps: int, shift: float, size: int):
-    """The σ grid a world is sampled on: the shifted grid, or the pipeline's own where it
-    shifts σ by the image's size (Qwen-Image: σ itself, unquantised, as a run with
-    ``sampling.sigma_grid: diffusers`` samples)."""
-    if comps.path is not None and family_of(comps.path) == "qwenimage":
-        return pipeline_sampling_grid(comps.path, num_steps, shift, False, "diffusers", size)
-    return sampling_grid(num_steps, shift)
+    """The σ grid a world is sampled on: its family's (``SAMPLING``: the shifted grid,
+    or for Qwen-Image the pipeline's own, shifted by the image's size, with σ itself as
+    the timestep), as ``g2rpo eval`` samples a bare pipeline."""
+    if comps.path is None:
+        return sampling_grid(num_steps, shift)
+    family = components_class(family_of(comps.path)).SAMPLING
+    kind, quantize = family.get("sigma_grid", "uniform"), family.get("quantize_timestep", True)
+    return pipeline_sampling_grid(comps.path, num_steps, shift, quantize, kind, size)
 
 
 def sample_images(
