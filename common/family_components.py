@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 
 from .loaders import resolve_local_dir
-from .velocity import NEGATIVE
+from .velocity import NEGATIVE, uses_cfg
 
 
 class FamilyComponents:
@@ -123,7 +123,7 @@ class FamilyComponents:
             for lo in range(0, len(prompts), batch)
         ]
         out = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-        if self.NEGATIVE_PROMPT is not None and self.guidance is not None and self.guidance > 1:
+        if self.NEGATIVE_PROMPT is not None and uses_cfg(self.guidance):
             negative = self._encode([self.NEGATIVE_PROMPT], max_sequence_length)
             for k, v in negative.items():
                 out[NEGATIVE + k] = v.expand(len(prompts), *v.shape[1:]).clone()

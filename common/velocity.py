@@ -22,6 +22,11 @@ from .transformer_call import compute_dtype, sdpa_backends, transformer_call
 NEGATIVE = "negative_"  # the prefix of a cond key of the negative prompt's embeddings
 
 
+def uses_cfg(guidance: float | None) -> bool:
+    """Whether a classifier-free guidance scale runs the negative prompt (≤ 1 or None: no)."""
+    return guidance is not None and guidance > 1.0
+
+
 class TransformerVelocity:
     """A transformer, the dtype its calls compute in, the SDPA backend they may use."""
 
@@ -61,7 +66,7 @@ class GuidedVelocity(TransformerVelocity):
 
     @property
     def guided(self) -> bool:
-        return self.guidance is not None and self.guidance > 1.0
+        return uses_cfg(self.guidance)
 
     def text_inputs(self, cond: Mapping[str, torch.Tensor], prefix: str) -> dict:
         """The prompt's (``prefix`` "") or the negative prompt's (``NEGATIVE``) text

@@ -22,6 +22,7 @@ import torch
 from ..common.config import G2RPOConfig
 from ..common.flux_pipeline import latent_size
 from ..common.paths import resolve_path
+from ..common.velocity import uses_cfg
 from .presets import (
     FAMILY_COMPONENTS,
     PRESET_FAMILY,
@@ -151,8 +152,7 @@ def guided(cfg: G2RPOConfig, archs: dict) -> dict:
     """The trace shape's guidance term: SD3 and Qwen-Image with classifier-free guidance
     run the negative prompt beside each sample; FLUX's guidance is an embedding (no key,
     so FLUX's traces keep their cache keys)."""
-    cfg_guided = cfg.model.guidance is not None and cfg.model.guidance > 1
-    if family(archs) in ("sd3", "qwenimage") and cfg_guided:
+    if family(archs) in ("sd3", "qwenimage") and uses_cfg(cfg.model.guidance):
         return {"guided": True}
     return {}
 

@@ -11,8 +11,6 @@ import torch
 
 from ..common.families import (
     PipelineComponents,
-    components_class,
-    family_of,
     load_components,
     pipeline_sampling_grid,
 )
@@ -33,7 +31,7 @@ def world_grid(comps: PipelineComponents, num_steps: int, shift: float, size: in
     the timestep), as ``g2rpo eval`` samples a bare pipeline."""
     if comps.path is None:
         return sampling_grid(num_steps, shift)
-    family = components_class(family_of(comps.path)).SAMPLING
+    family = type(comps).SAMPLING  # the components class is the family's
     kind, quantize = family.get("sigma_grid", "uniform"), family.get("quantize_timestep", True)
     return pipeline_sampling_grid(comps.path, num_steps, shift, quantize, kind, size)
 
