@@ -29,6 +29,11 @@ class FamilyComponents:
     path: Path | None
     guidance: float | None = None  # the CFG scale encode_prompts prepares the negatives for
 
+    @classmethod
+    def sampling_guidance(cls, guidance: float | None) -> float:
+        """``guidance``, or the family's own (``SAMPLING``) where the caller gives none."""
+        return cls.SAMPLING["guidance"] if guidance is None else guidance
+
     @staticmethod
     def transformer_class():
         raise NotImplementedError

@@ -85,10 +85,11 @@ class FluxComponents(FamilyComponents):
         self,
         height: int,
         width: int,
-        guidance: float = 3.5,
+        guidance: float | None = None,  # None: the family's SAMPLING guidance
         autocast_dtype: torch.dtype | None = None,
         attention_backend: str = "auto",
     ) -> FluxVelocity:
+        guidance = self.sampling_guidance(guidance)
         hw = self.latent_size(height, width)
         return self.velocity(self.transformer, hw, guidance, autocast_dtype, attention_backend)
 

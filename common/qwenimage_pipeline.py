@@ -160,7 +160,7 @@ class QwenImageComponents(FamilyComponents):
     text_encoder: Any
     tokenizer: Any
     path: Path | None = None
-    guidance: float = 4.0  # the true-CFG scale encode_prompts prepares for
+    guidance: float = SAMPLING["guidance"]  # the true-CFG scale encode_prompts prepares for
 
     @staticmethod
     def transformer_class():
@@ -198,10 +198,11 @@ class QwenImageComponents(FamilyComponents):
         self,
         height: int,
         width: int,
-        guidance: float = 4.0,
+        guidance: float | None = None,  # None: the family's SAMPLING guidance
         autocast_dtype: torch.dtype | None = None,
         attention_backend: str = "auto",
     ) -> QwenImageVelocity:
+        guidance = self.sampling_guidance(guidance)
         hw = self.latent_size(height, width)
         self.guidance = guidance  # encode_prompts then adds the negative prompt's rows
         return self.velocity(self.transformer, hw, guidance, autocast_dtype, attention_backend)

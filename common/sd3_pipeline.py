@@ -97,7 +97,7 @@ class SD3Components(FamilyComponents):
     tokenizer_2: Any
     tokenizer_3: Any
     path: Path | None = None
-    guidance: float = 4.5  # the classifier-free guidance scale encode_prompts prepares for
+    guidance: float = SAMPLING["guidance"]  # the CFG scale encode_prompts prepares for
 
     @staticmethod
     def transformer_class():
@@ -141,10 +141,11 @@ class SD3Components(FamilyComponents):
         self,
         height: int,
         width: int,
-        guidance: float = 4.5,
+        guidance: float | None = None,  # None: the family's SAMPLING guidance
         autocast_dtype: torch.dtype | None = None,
         attention_backend: str = "auto",
     ) -> SD3Velocity:
+        guidance = self.sampling_guidance(guidance)
         hw = self.latent_size(height, width)  # refuses a size the transformer cannot patch
         self.guidance = guidance  # encode_prompts then adds the empty prompt's rows
         return self.velocity(self.transformer, hw, guidance, autocast_dtype, attention_backend)

@@ -162,14 +162,19 @@ def velocity_of(model, config: dict, latent_hw, autocast_dtype, guided: bool = F
     (SD3 with classifier-free guidance runs the empty prompt's rows beside each)."""
     family = transformer_family(config)
     if family == "sd3":
-        from ..common.sd3_pipeline import SD3Velocity
+        from ..common.sd3_pipeline import SD3Components, SD3Velocity
 
-        return SD3Velocity(model, 4.5 if guided else 1.0, autocast_dtype)
+        scale = SD3Components.SAMPLING["guidance"] if guided else 1.0
+        return SD3Velocity(model, scale, autocast_dtype)
     if family == "qwenimage":
-        from ..common.qwenimage_pipeline import QwenImageVelocity
+        from ..common.qwenimage_pipeline import QwenImageComponents, QwenImageVelocity
 
-        return QwenImageVelocity(model, *latent_hw, 4.0 if guided else 1.0, autocast_dtype)
-    return FluxVelocity(model, *latent_hw, guidance=3.5, autocast_dtype=autocast_dtype)
+        scale = QwenImageComponents.SAMPLING["guidance"] if guided else 1.0
+        return QwenImageVelocity(model, *latent_hw, scale, autocast_dtype)
+    from ..common.flux_pipeline import FluxComponents
+
+    guidance = FluxComponents.SAMPLING["guidance"]  # an input of the model, not CFG
+    return FluxVelocity(model, *latent_hw, guidance=guidance, autocast_dtype=autocast_dtype)
 
 
 def guided_cond(cond: dict) -> dict:
