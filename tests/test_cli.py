@@ -255,6 +255,7 @@ def test_bench_learner_json():
     assert full["tflops"] > 0 and full["mfu"] is None
 
 
+@pytest.mark.slow  # .ci/run --all: a benchmark command's servers or Ray (~50 CPU-s)
 def test_bench_weights_json(ray_local):
     from servers import session_ray_env
 
@@ -365,6 +366,7 @@ def test_bench_precision_measures_the_ratio_before_any_update(world):
     assert bad.returncode == 2 and "fp8" in bad.stderr and "bf16_autocast" in bad.stderr
 
 
+@pytest.mark.slow  # .ci/run --all: a benchmark command's servers or Ray (~50 CPU-s)
 def test_bench_reward_serves_a_random_model_of_a_published_size():
     out = run(
         "bench",
