@@ -8,8 +8,8 @@ from g2rpo.orchestration.driver import read_metrics, train
 from g2rpo.rollout_worker.worker import RolloutWorkerCore
 from small_run import PROMPTS_PER_WORKER, SMALL_RUN, small_train
 
-# a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
-pytestmark = pytest.mark.slow
+# Not marked slow: the main job's path (a driver on local Ray, its workers, learner and
+# reward server) is in .ci/run's gate, beside the rehearsal's multi-node run (~75 CPU-s).
 
 SMALL = SMALL_RUN
 
