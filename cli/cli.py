@@ -22,10 +22,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if args.config is None and args.resume is None:
         raise UsageError("give --config FILE (e.g. configs/tiny.yaml) or --resume RUN_DIR")
-    if args.resume is None:  # a bad config says so before Ray and torch load
+    if args.resume_or_start and (args.config is None or args.resume is not None):
+        raise UsageError("--resume-or-start goes with --config FILE (and without --resume)")
+    resume = args.resume
+    if resume is None:  # a bad config says so before Ray and torch load
         from g2rpo.common.config import load_config
 
         load_config(args.config, args.set)
+    if args.resume_or_start:
+        from g2rpo.orchestration.lifecycle import run_to_continue
+
+        resume = run_to_continue(args.config, args.set)
     from g2rpo.common.stopping import interrupted_exit_code, sigterm_as_interrupt
     from g2rpo.orchestration.driver import read_metrics, train
 
@@ -34,7 +41,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             run_dir = train(
                 args.config,
                 args.set,
-                resume=args.resume,
+                resume=resume,
                 redis_url=args.redis_url,
                 progress=not args.no_progress,
                 max_iterations=args.max_iterations,
@@ -223,6 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--config", default=None, help="YAML config (e.g. configs/tiny.yaml)")
     tr.add_argument("--set", action="append", default=[], metavar="a.b=c")
     tr.add_argument("--resume", default=None, help="continue runs/<name> from its checkpoint")
+    tr.add_argument(
+        "--resume-or-start",
+        action="store_true",
+        help="with --config: resume the run if run.output_dir/run.name holds one, else start "
+        "it (a retried or re-applied job continues its run instead of refusing it)",
+    )
     tr.add_argument("--redis-url", default=None, help="find reward servers in this Redis")
     tr.add_argument("--max-iterations", type=int, default=None, help="stop after this many")
     tr.add_argument("--no-progress", action="store_true")

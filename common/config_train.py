@@ -174,6 +174,13 @@ class CheckpointsConfig(Section):
     """``train.checkpoints``: when the learner checkpoints and which checkpoints stay."""
 
     every: int = Field(5, ge=1, description="checkpoint every N iterations (and at the last)")
+    every_minutes: float | None = Field(
+        None,
+        gt=0,
+        description="also checkpoint after the first iteration that ends this many minutes "
+        "of wall time after the session's start or its last checkpoint (a lost node or a "
+        "retried job redoes at most about this much)",
+    )
     at: list[int] = Field(
         default_factory=list, description="also checkpoint after these iterations (kept)"
     )

@@ -99,6 +99,9 @@ class TrainingLoop:
     # time.monotonic() of the last curves.png, or of the start: the first is drawn a minute
     # in (a run shorter than that draws it once, at its end)
     curves_drawn_at: float = field(default_factory=time.monotonic)
+    # time.monotonic() of the last checkpoint, or of the session's start
+    # (train.checkpoints.every_minutes counts from it)
+    checkpointed_at: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.budget = Budget(self.cfg.run.nfe_budget)
@@ -255,6 +258,7 @@ class TrainingLoop:
                 "the driver and every node (README, 'What the cluster must provide')"
             )
         record_checkpoint(self.run_dir, path)
+        self.checkpointed_at = time.monotonic()
         self.at("checkpointed", done)
         prune_checkpoints(self.run_dir, self.cfg)
         # curves.png at the session's last checkpoint, and at most once a minute before:
@@ -375,8 +379,8 @@ class TrainingLoop:
                 done = it + 1
                 stop = done == end or self.budget.exhausted() or self.guard.tripped is not None
                 self.record(row, stop)
-                t = self.cfg.train
-                if done % t.checkpoints.every == 0 or stop or done in t.checkpoints.at:
+                since = time.monotonic() - self.checkpointed_at
+                if stop or checkpoint_due(done, since, self.cfg.train.checkpoints):
                     self.checkpoint(done, last=stop)
                 bar.set_postfix(progress_fields(row, self.cfg))
                 bar.update(row["nfe_train"] if nfe_budget else 1)
@@ -394,6 +398,19 @@ class TrainingLoop:
         finally:
             bar.close()
         return done
+
+
+def checkpoint_due(done: int, since_s: float, checkpoints) -> bool:
+    """Whether the iteration that made ``done`` iterations ends with a checkpoint
+    (``train.checkpoints``): every N iterations, at the pinned ones, and once
+    ``every_minutes`` of wall time passed since the last checkpoint (or the session's
+    start), so a lost node costs at most that much whatever an iteration takes."""
+    minutes = checkpoints.every_minutes
+    return (
+        done % checkpoints.every == 0
+        or done in checkpoints.at
+        or (minutes is not None and since_s >= 60.0 * minutes)
+    )
 
 
 def stops_short(it: int, end: int, iterations: int) -> bool:

@@ -41,6 +41,38 @@ def open_run(config, overrides, resume) -> tuple[G2RPOConfig, Path]:
     return cfg, run_dir
 
 
+def run_to_continue(config, overrides) -> Path | None:
+    """``--resume-or-start``: the run directory ``config`` names when it already holds
+    a run (then it resumes, on the config it recorded, as ``--resume`` does), else None
+    (it starts). A field whose recorded value differs from ``config``'s is named, since
+    the recorded one wins."""
+    cfg = load_config(config, overrides)
+    run_dir = (Path(cfg.run.output_dir) / cfg.run.name).absolute()
+    if not (run_dir / "config.yaml").is_file():
+        return None
+    recorded = load_config(run_dir / "config.yaml", overrides)
+    changed = _changed_fields(recorded.model_dump(mode="json"), cfg.model_dump(mode="json"))
+    print(f"{run_dir} holds a run: resuming it", file=sys.stderr)
+    if changed:
+        print(
+            f"  {config} differs from the run's config.yaml in {', '.join(changed)}: the "
+            "run's own values are kept (give --set FIELD=VALUE to change one on resume)",
+            file=sys.stderr,
+        )
+    return run_dir
+
+
+def _changed_fields(recorded: dict, given: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(recorded) | set(given)):
+        a, b = recorded.get(key), given.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _changed_fields(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}")
+    return out
+
+
 def nothing_left(cfg: G2RPOConfig, run_dir: Path) -> bool:
     """A finished run resumed with nothing more to do (no more iterations and no
     larger NFE budget than the one it spent), whose final weights and their
