@@ -24,6 +24,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise UsageError("give --config FILE (e.g. configs/tiny.yaml) or --resume RUN_DIR")
     if args.resume_or_start and (args.config is None or args.resume is not None):
         raise UsageError("--resume-or-start goes with --config FILE (and without --resume)")
+    if args.redis_password_env:  # the variable's name only: its value never reaches a file
+        from g2rpo.common.redis_access import FLAG, redis_password
+
+        redis_password(args.redis_password_env, FLAG)  # unset: said before Ray starts
+        args.set = [*args.set, f"train.reward.redis_password_env={args.redis_password_env}"]
     resume = args.resume
     if resume is None:  # a bad config says so before Ray and torch load
         from g2rpo.common.config import load_config
@@ -74,9 +79,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from g2rpo.common.redis_access import FLAG, redis_password
     from g2rpo.orchestration.telemetry import read_status
 
-    state = read_status(args.run, args.redis_url)
+    state = read_status(args.run, args.redis_url, redis_password(args.redis_password_env, FLAG))
     if "redis_error" in state:
         print(
             f"g2rpo status: Redis did not answer ({state['redis_error']}); "
@@ -237,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
         "it (a retried or re-applied job continues its run instead of refusing it)",
     )
     tr.add_argument("--redis-url", default=None, help="find reward servers in this Redis")
+    tr.add_argument(
+        "--redis-password-env",
+        default=None,
+        metavar="VAR",
+        help="env var holding that Redis's password (overrides train.reward.redis_password_env)",
+    )
     tr.add_argument("--max-iterations", type=int, default=None, help="stop after this many")
     tr.add_argument("--no-progress", action="store_true")
     tr.set_defaults(func=_cmd_train)
@@ -244,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="live state of a training run")
     st.add_argument("run", nargs="?", default=None, help="run directory or run name (Redis)")
     st.add_argument("--redis-url", default=None)
+    st.add_argument(
+        "--redis-password-env", default=None, metavar="VAR", help="env var holding its password"
+    )
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_cmd_status)
 

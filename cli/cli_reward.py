@@ -32,6 +32,7 @@ def _cmd_convert_reward(args: argparse.Namespace) -> int:
 def _server_settings(args: argparse.Namespace):
     """ServerSettings from the arguments reward-server and reward-serve share."""
     from g2rpo.common.errors import UsageError
+    from g2rpo.common.redis_access import FLAG, redis_password
     from g2rpo.reward_server.settings import ScorerSpec, ServerSettings, mib_bytes, token_from_env
 
     if mib_bytes(args.max_payload_mib) < 1024:
@@ -41,7 +42,10 @@ def _server_settings(args: argparse.Namespace):
         host=args.host,
         port=args.port,
         redis_url=args.redis_url,
+        redis_password=redis_password(args.redis_password_env, FLAG),
         token=token_from_env(args.token_env),
+        tls_cert_file=args.tls_cert,
+        tls_key_file=args.tls_key,
         insecure=args.insecure,
         max_batch=args.max_batch,
         max_wait_ms=args.max_wait_ms,
@@ -57,6 +61,8 @@ def _server_settings(args: argparse.Namespace):
     settings = ServerSettings(**fields)
     settings.check_scorers()
     settings.check_bind()
+    settings.check_tls()
+    settings.check_redis()  # a refused Redis password is one line here, not a failed start
     return settings
 
 
@@ -72,7 +78,13 @@ def _cmd_reward_server(args: argparse.Namespace) -> int:
         + (f", registered in {settings.redis_url}" if settings.redis_url else ""),
         flush=True,
     )
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        **settings.uvicorn_tls(),
+    )
     return 0
 
 
@@ -91,7 +103,7 @@ def _cmd_reward_serve(args: argparse.Namespace) -> int:
     )
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     print(
-        f"reward servers on Ray Serve at http://{settings.host}:{settings.port} "
+        f"reward servers on Ray Serve at {settings.scheme}://{settings.host}:{settings.port} "
         f"({options.min_replicas}-{options.max_replicas} replicas)",
         flush=True,
     )
@@ -104,7 +116,19 @@ def _server_arguments(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=port)
     p.add_argument("--redis-url", default=None, help="register for discovery and share a cache")
-    p.add_argument("--token-env", default=None, help="env var holding the bearer token")
+    p.add_argument(
+        "--redis-password-env",
+        default=None,
+        metavar="VAR",
+        help="env var holding the Redis password (never put it in --redis-url)",
+    )
+    p.add_argument(
+        "--token-env",
+        default=None,
+        help="env var holding the bearer token (32 bytes or more: `openssl rand -hex 32`)",
+    )
+    p.add_argument("--tls-cert", default=None, metavar="FILE", help="serve HTTPS: certificate")
+    p.add_argument("--tls-key", default=None, metavar="FILE", help="the certificate's key")
     p.add_argument("--insecure", action="store_true", help="allow a public bind without token")
     p.add_argument("--device", default="cpu", help="where model scorers run: cpu, cuda, cuda:1")
     p.add_argument(

@@ -235,7 +235,29 @@ class RewardServiceConfig(ActorResources):
         "rewards; every held-out evaluation scores these too (a scorer not trained on is a "
         "held-out reward: eval/drift/*), on whichever replicas serve the run",
     )
-    token_env: str | None = None
+    token_env: str | None = Field(
+        None,
+        description="env var holding the reward servers' bearer token (at least 32 bytes: "
+        "`openssl rand -hex 32`); None: the job's replicas get a fresh one of their own",
+    )
+    redis_password_env: str | None = Field(
+        None,
+        description="env var holding the password of the Redis replicas register in "
+        "(redis_url, --redis-url); the value stays in memory, never in config.yaml",
+    )
+    tls_ca_file: str | None = Field(
+        None,
+        description="CA bundle (PEM) the driver and workers verify https:// reward servers "
+        "with (None: the system's CAs)",
+    )
+    tls_cert_file: str | None = Field(
+        None,
+        description="certificate (PEM) the job's replicas serve HTTPS with: a path on "
+        "every node they may run on, naming the nodes' addresses",
+    )
+    tls_key_file: str | None = Field(
+        None, description="private key of tls_cert_file, a path on the same nodes"
+    )
     deadline_s: float = Field(
         300.0,
         gt=0,
@@ -265,6 +287,20 @@ class RewardServiceConfig(ActorResources):
                 f"train.reward.request_mib {self.request_mib:g} is over "
                 f"train.reward.max_payload_mib {self.max_payload_mib:g}: the job's replicas "
                 "would refuse every full request (raise max_payload_mib, or lower request_mib)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _certificate_with_its_key(self) -> RewardServiceConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            given, missing = (
+                ("tls_cert_file", "tls_key_file")
+                if self.tls_key_file is None
+                else ("tls_key_file", "tls_cert_file")
+            )
+            raise ValueError(
+                f"train.reward.{given} is given without train.reward.{missing}: the job's "
+                "replicas need a certificate and its private key"
             )
         return self
 

@@ -10,16 +10,21 @@ from typing import Any
 
 import numpy as np
 
+from .redis_access import RedisPassword
+
 
 @dataclass(frozen=True)
 class RewardEndpoints:
     """Where a worker sends its images: static replica URLs (and the job's replicas),
-    a Redis to discover more in, the bearer token, and the scorers to ask for."""
+    a Redis to discover more in (and its password), the bearer token, and the scorers
+    to ask for."""
 
     urls: list[str]
     redis_url: str | None = None
     token: str | None = field(default=None, repr=False)  # never in a log line
     scorers: list[str] = field(default_factory=list)
+    # train.reward.redis_password_env's value, read by the driver: in memory, never a URL
+    redis_password: RedisPassword | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

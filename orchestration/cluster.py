@@ -164,6 +164,8 @@ def start_actors(
                 endpoints.redis_url,
                 endpoints.token,
                 wait_s=min(WAIT_S, t.reward.deadline_s),
+                redis_password=endpoints.redis_password,
+                ca_file=t.reward.tls_ca_file,
             )
         if kept is not None:
             actors.learner, actors.learner_pg = kept

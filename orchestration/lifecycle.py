@@ -130,7 +130,8 @@ def attach_telemetry(loop) -> None:
     if loop.actors.rewards.redis_url:
         from .telemetry import RedisStatus
 
-        loop.status = RedisStatus(loop.actors.rewards.redis_url, loop.cfg.run.name)
+        rewards = loop.actors.rewards  # the password as the driver read it: in memory
+        loop.status = RedisStatus(rewards.redis_url, loop.cfg.run.name, rewards.redis_password)
 
 
 def finish(loop, start: int, done: int) -> None:

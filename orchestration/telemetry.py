@@ -11,6 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from ..common.errors import RunDirError, UsageError
+from ..common.redis_access import RedisPassword, connect_redis
 
 STATUS_KEY = "g2rpo:runs:{name}"
 STREAM_KEY = "g2rpo:runs:{name}:metrics"
@@ -172,11 +173,9 @@ class RedisStatus:
     persistence: the deployments' setting) gets the run's whole stream again from
     metrics.jsonl."""
 
-    def __init__(self, redis_url: str, name: str) -> None:
-        import redis
-
+    def __init__(self, redis_url: str, name: str, password: RedisPassword | None = None) -> None:
         self.url = redis_url
-        self.client = redis.Redis.from_url(redis_url, socket_timeout=2.0)
+        self.client = connect_redis(redis_url, password)
         self.key, self.stream = STATUS_KEY.format(name=name), STREAM_KEY.format(name=name)
         self.backlog: list[dict] = []  # rows not yet in the stream, oldest first
         self.sent = 0  # rows this session put in the stream
@@ -225,15 +224,18 @@ class RedisStatus:
         return True
 
 
-def read_status(run: str | None, redis_url: str | None) -> dict:
+def read_status(
+    run: str | None, redis_url: str | None, password: RedisPassword | None = None
+) -> dict:
     """The live state of a run, from Redis when given, else from its run directory;
     when Redis does not answer, from the run directory (``run`` a directory, or a
-    run name under runs/), saying so under ``redis_error``."""
+    run name under runs/), saying so under ``redis_error``. A Redis refusing
+    ``password`` (or wanting one) is an error (RedisAuthError), not an outage."""
     if redis_url:
         import redis
 
         try:
-            return _redis_status(run, redis_url)
+            return _redis_status(run, redis_url, password)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             run_dir = _run_dir_of(run)
             if run_dir is None:
@@ -247,10 +249,8 @@ def read_status(run: str | None, redis_url: str | None) -> dict:
     return _disk_status(Path(run))
 
 
-def _redis_status(run: str | None, redis_url: str) -> dict:
-    import redis
-
-    client = redis.Redis.from_url(redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+def _redis_status(run: str | None, redis_url: str, password: RedisPassword | None) -> dict:
+    client = connect_redis(redis_url, password, socket_connect_timeout=2.0)
     if run is None:
         keys = sorted(
             k.decode()

@@ -29,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
+from ..common.redis_access import connect_redis
 from .batcher import DynamicBatcher
 from .cache import MemoryCache, RedisCache, cache_keys
 from .discovery import ReplicaInfo, deregister, register
@@ -198,9 +199,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.batchers[name] = batcher
     beat = None
     if settings.redis_url:
-        import redis
-
-        client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0)
+        client = connect_redis(settings.redis_url, settings.redis_password)
         state.redis = client
         state.cache = RedisCache(client)
         info = ReplicaInfo(

@@ -35,8 +35,10 @@ import httpx
 import numpy as np
 
 from ..common.errors import G2RPOError
+from ..common.redis_access import RedisPassword, connect_redis
 from .discovery import live_replicas
 from .schemas import SAFETENSORS_TYPE, ScoreRequest, ScoreResponse
+from .tls import client_verify, require_https, untrusted_server, unverified_certificate
 from .wire import encode_safetensors
 
 log = logging.getLogger(__name__)
@@ -156,7 +158,9 @@ class RewardClient:
         urls: list[str] | None = None,
         *,
         redis_url: str | None = None,
+        redis_password: RedisPassword | None = None,
         token: str | None = None,
+        ca_file: str | None = None,
         timeout_s: float = 60.0,
         deadline_s: float = 300.0,
         backoff_s: float = 0.1,
@@ -174,10 +178,16 @@ class RewardClient:
         self.static = [u.rstrip("/") for u in urls or []]
         self.redis = None
         if redis_url:
-            import redis
-
-            self.redis = redis.Redis.from_url(redis_url, socket_timeout=2.0)
+            self.redis = connect_redis(redis_url, redis_password)
         self.token = token
+        # https:// replicas are verified against this bundle (None: the system's CAs); with
+        # one, plain http:// replicas are not used: a forged registration in Redis must not
+        # get the token and images in clear
+        self._verify = client_verify(ca_file)
+        self.https_only = ca_file is not None
+        if self.https_only:
+            require_https(self.static, "train.reward.urls")
+        self._skipped_plain: set[str] = set()
         self.timeout_s, self.deadline_s = timeout_s, deadline_s
         self.backoff_s, self.cooldown_s = backoff_s, cooldown_s
         self.request_bytes, self.concurrency = request_bytes, concurrency
@@ -200,7 +210,7 @@ class RewardClient:
 
     async def _make_http(self) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        return httpx.AsyncClient(timeout=self.timeout_s, headers=headers)
+        return httpx.AsyncClient(timeout=self.timeout_s, headers=headers, verify=self._verify)
 
     def _call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -223,6 +233,8 @@ class RewardClient:
         urls, load = list(self.static), {}
         if self.redis is not None:  # static URLs and discovered replicas together
             live = [r for r in self._discover() if set(scorers) <= set(r.scorers)]
+            if self.https_only:
+                live = self._over_tls(live)
             load = {r.url.rstrip("/"): r.load for r in live}
             urls = sorted(set(urls) | set(load))
         if not urls:
@@ -233,6 +245,19 @@ class RewardClient:
         up = [u for u in urls if self._down.get(u, 0.0) <= now]
         down = [u for u in urls if self._down.get(u, 0.0) > now]
         return sorted(up, key=lambda u: load.get(u, 0)) + down
+
+    def _over_tls(self, live: list) -> list:
+        """The https:// replicas of ``live``; each plain one is said once and skipped."""
+        for r in live:
+            if not r.url.startswith("https://") and r.url not in self._skipped_plain:
+                self._skipped_plain.add(r.url)
+                log.warning(
+                    "reward replica %s registered at %s is skipped: train.reward.tls_ca_file "
+                    "is set, so the token and images go to https:// replicas only",
+                    r.replica,
+                    r.url,
+                )
+        return [r for r in live if r.url.startswith("https://")]
 
     def _discover(self) -> list:
         """The live replicas in Redis; while Redis does not answer, the ones it
@@ -408,6 +433,9 @@ class RewardClient:
                     try:
                         response = await self._http.send(request)
                     except httpx.HTTPError as exc:  # refused, reset, timed out: fail over
+                        reason = unverified_certificate(exc)
+                        if reason is not None:  # a setting to fix: no replica would do better
+                            raise untrusted_server(url, reason) from None
                         last_error = f"{url}: {type(exc).__name__}: {exc}"
                         self._mark_down(url)
                         continue

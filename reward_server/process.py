@@ -28,9 +28,12 @@ class RewardServerProcess:
         quiet: bool = False,
         host: str = "127.0.0.1",
         port: int | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.port = port or free_port(host)
-        self.url = f"http://{host}:{self.port}"
+        scheme = "https" if "--tls-cert" in args else "http"
+        self.url = f"{scheme}://{host}:{self.port}"
+        self.ca_file = ca_file  # what /readyz over HTTPS is verified with (None: system CAs)
         # quiet: the output goes to a file (open as long as the process runs) that is
         # read back only if the start fails
         self._log = tempfile.TemporaryFile(mode="w+") if quiet else None  # noqa: SIM115
@@ -61,6 +64,7 @@ class RewardServerProcess:
             timeout,
             exited=lambda: f"reward server exited at start: {self.output_tail().strip()}",
             what="reward server",
+            verify=self.ca_file or True,
         )
 
     def kill(self) -> None:
@@ -77,15 +81,20 @@ class RewardServerProcess:
                 self.kill()
 
 
-def wait_http_ready(url: str, proc, timeout: float, *, exited, what: str) -> None:
+def wait_http_ready(url: str, proc, timeout: float, *, exited, what: str, verify=True) -> None:
     """Poll ``url`` until it answers 200; raise if ``proc`` exits first (with the
-    message ``exited()`` builds) or after ``timeout`` seconds."""
+    message ``exited()`` builds) or after ``timeout`` seconds. ``verify``: httpx's (a CA
+    bundle's path for an https:// URL)."""
+    if isinstance(verify, str):
+        import ssl
+
+        verify = ssl.create_default_context(cafile=verify)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(exited())
         try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
+            if httpx.get(url, timeout=1.0, verify=verify).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

@@ -43,8 +43,11 @@ class RewardReplica:
         device: str,
         threads: int | None = None,  # None: torch's own (OMP_NUM_THREADS)
         max_payload_bytes: int = 64 * 2**20,  # train.reward.max_payload_mib
+        redis_password=None,  # RedisPassword (train.reward.redis_password_env), in memory
+        tls: tuple[str, str] | None = None,  # train.reward.tls_cert_file, tls_key_file
     ) -> None:
         self.args = (scorers, token, redis_url, device, threads, max_payload_bytes)
+        self.redis_password, self.tls = redis_password, tls
         self.server = None
         self.thread: threading.Thread | None = None
         self.error: str | None = None
@@ -68,9 +71,14 @@ class RewardReplica:
             device=device,
             threads=threads,
             max_payload_bytes=max_payload_bytes,
+            redis_password=self.redis_password,
+            tls_cert_file=self.tls[0] if self.tls else None,
+            tls_key_file=self.tls[1] if self.tls else None,
         )
         settings.check_scorers()
         settings.check_device()
+        # on this node: the paths are the node's
+        settings.check_tls("train.reward.tls_cert_file", "train.reward.tls_key_file")
         return settings
 
     @staticmethod
@@ -83,7 +91,12 @@ class RewardReplica:
 
         app = create_app(settings, scorers=scorers)
         config = uvicorn.Config(
-            app, host=settings.host, port=settings.port, log_level="warning", lifespan="on"
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            lifespan="on",
+            **settings.uvicorn_tls(),
         )
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, name="reward-server", daemon=True)
@@ -126,7 +139,8 @@ class RewardReplica:
         self._start()
         if self.error is not None:
             raise RunFailed(self.error)
-        return f"http://{self.server.config.host}:{self.server.config.port}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{self.server.config.host}:{self.server.config.port}"
 
     def ready(self) -> bool:
         return bool(self.url())

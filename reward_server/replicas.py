@@ -12,8 +12,11 @@ import ray
 from ..common.config import G2RPOConfig
 from ..common.errors import ConfigError
 from ..common.messages import RewardEndpoints
+from ..common.redis_access import check_redis_password, redis_password
 from .replica_actor import RewardReplica
+from .security import check_token
 from .settings import mib_bytes
+from .tls import client_verify, require_https
 
 
 def scorer_specs(cfg: G2RPOConfig) -> dict[str, str]:
@@ -42,13 +45,28 @@ class RewardSource:
             raise ConfigError(
                 f"train.reward.token_env: environment variable {r.token_env} is unset"
             )
+        if self.token is not None:  # before any actor starts, as the servers would refuse it
+            check_token(self.token, f"train.reward.token_env {r.token_env}")
+        # in memory only: to the workers in RewardEndpoints, to the replicas as an argument
+        self.redis_password = redis_password(r.redis_password_env) if self.redis_url else None
+        if self.redis_url:  # a refused (or missing) password says so before any actor starts
+            check_redis_password(self.redis_url, self.redis_password)
+        client_verify(r.tls_ca_file)  # the bundle the driver and the workers verify with
+        if r.tls_ca_file:  # the workers' clients then send to https:// replicas only
+            require_https(self.static_urls, "train.reward.urls")
+            if count and not r.tls_cert_file:
+                raise ConfigError(
+                    "train.reward.tls_ca_file is set, so reward replicas are reached over "
+                    "https:// only: the job's own replicas need train.reward.tls_cert_file "
+                    "and tls_key_file"
+                )
         specs = scorer_specs(cfg)
         self.scorers = list(specs)
         # A replica with a job-only token registers in Redis only when the token is
         # shared (token_env): other jobs discovering it would just be refused.
         register = self.redis_url if r.token_env else None
         if count and self.token is None:
-            self.token = secrets.token_urlsafe(24)  # this job's replicas only
+            self.token = secrets.token_urlsafe(32)  # this job's replicas only
         options = cfg.train.ray_options(r)
         # on the GPU Ray gives them, where the run's models run on GPUs (a CPU run that
         # asks Ray for GPUs is placing, as `g2rpo rehearse` does: it scores on the CPU)
@@ -62,6 +80,8 @@ class RewardSource:
                 device,
                 cfg.train.threads,
                 mib_bytes(r.max_payload_mib),
+                redis_password=self.redis_password if register else None,
+                tls=(r.tls_cert_file, r.tls_key_file) if r.tls_cert_file else None,
             )
             for _ in range(count)
         ]
@@ -82,7 +102,9 @@ class RewardSource:
 
     def endpoints(self) -> RewardEndpoints:
         urls = self.static_urls + [u for u in self.replica_urls if u]
-        return RewardEndpoints(urls, self.redis_url, self.token, self.scorers)
+        return RewardEndpoints(
+            urls, self.redis_url, self.token, self.scorers, redis_password=self.redis_password
+        )
 
     def close(self) -> None:
         """Stop every replica's server (one wait for all), then end the actors."""

@@ -5,6 +5,9 @@ deployment like any other replica (and a replica's load steers the client as usu
 
     g2rpo reward-serve --scorers hpsv2=DIR --redis-url redis://... \\
         --advertise-url http://HEAD:8000 --min-replicas 1 --max-replicas 8
+
+With ``--tls-cert``/``--tls-key`` Serve's proxy serves HTTPS (its own ssl options, the
+files read on each node a proxy runs on) and the replicas register an https:// URL.
 """
 
 from __future__ import annotations
@@ -76,12 +79,19 @@ def reward_application(settings: ServerSettings, options: ServeOptions):
     return RewardServer.bind()
 
 
+def proxy_options(settings: ServerSettings, http_port: int) -> dict:
+    """Serve's ``http_options``: the proxy's address, and its TLS when the settings have
+    a certificate (Serve's HTTPOptions.ssl_certfile/ssl_keyfile)."""
+    tls = settings.uvicorn_tls()  # the same option names as uvicorn's
+    return {"host": settings.host, "port": http_port, **tls}
+
+
 def serve_rewards(settings: ServerSettings, options: ServeOptions, http_port: int) -> None:
     """Start Serve's proxy on ``http_port`` (all interfaces of the head when the settings'
     host is public) and run the deployment until interrupted."""
     from ray import serve
 
-    serve.start(http_options={"host": settings.host, "port": http_port})
+    serve.start(http_options=proxy_options(settings, http_port))
     serve.run(
         reward_application(settings, options),
         name=options.name,

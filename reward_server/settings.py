@@ -8,9 +8,12 @@ import socket
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..common.errors import UsageError
+from ..common.redis_access import RedisPassword, check_redis_password
+from .security import HOW_TO_MAKE, check_token, token_problem
+from .tls import check_server_tls
 
 
 class ScorerSpec(BaseModel):
@@ -33,7 +36,12 @@ class ServerSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8300, ge=0, le=65535)
     redis_url: str | None = None
-    token: str | None = None
+    redis_password: RedisPassword | None = Field(
+        None, repr=False, description="--redis-password-env, train.reward.redis_password_env"
+    )
+    token: str | None = Field(None, repr=False)
+    tls_cert_file: str | None = Field(None, description="serve HTTPS with this certificate")
+    tls_key_file: str | None = Field(None, description="the certificate's private key")
     insecure: bool = False
     max_batch: int = Field(64, ge=1)
     max_wait_ms: float = Field(5.0, ge=0)
@@ -63,8 +71,49 @@ class ServerSettings(BaseModel):
         description="torch CPU threads for scoring (default: torch's own, from OMP_NUM_THREADS)",
     )
 
+    @field_validator("token")
+    @classmethod
+    def _token_fit(cls, token: str | None) -> str | None:
+        # the last guard; the command and the driver name where the token came from first
+        problem = token_problem(token) if token is not None else None
+        if problem is not None:
+            raise ValueError(
+                f"the reward token (--token-env, or train.reward.token_env for a job's "
+                f"replicas) {problem}; {HOW_TO_MAKE}"
+            )
+        return token
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert_file else "http"
+
     def url(self) -> str:
-        return self.advertise_url or f"http://{self.host}:{self.port}"
+        return self.advertise_url or f"{self.scheme}://{self.host}:{self.port}"
+
+    def check_tls(self, cert_name: str = "--tls-cert", key_name: str = "--tls-key") -> None:
+        """The certificate and key load (names: the flags or fields they came from)."""
+        check_server_tls(self.tls_cert_file, self.tls_key_file, cert_name, key_name)
+        if (
+            self.tls_cert_file
+            and self.advertise_url
+            and not self.advertise_url.startswith("https://")
+        ):
+            raise UsageError(
+                f"--advertise-url {self.advertise_url}: this server speaks HTTPS "
+                f"({cert_name}), so clients must be sent to an https:// URL"
+            )
+
+    def uvicorn_tls(self) -> dict:
+        """uvicorn's options for this server's TLS (none without a certificate)."""
+        if not self.tls_cert_file:
+            return {}
+        return {"ssl_certfile": self.tls_cert_file, "ssl_keyfile": self.tls_key_file}
+
+    def check_redis(self) -> None:
+        """A Redis that refuses this server's password (or wants one) says so now, in one
+        line, rather than as the app's failed start."""
+        if self.redis_url:
+            check_redis_password(self.redis_url, self.redis_password)
 
     def check_bind(self) -> None:
         """Refuse a non-loopback bind without a token unless --insecure."""
@@ -112,4 +161,5 @@ def token_from_env(var: str | None) -> str | None:
     value = os.environ.get(var)
     if not value:
         raise UsageError(f"--token-env {var}: the environment variable is unset or empty")
+    check_token(value, f"--token-env {var}")
     return value

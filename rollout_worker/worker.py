@@ -137,7 +137,9 @@ class RolloutWorkerCore:
             self.client = RewardClient(
                 rewards.urls or None,
                 redis_url=rewards.redis_url,
+                redis_password=rewards.redis_password,
                 token=rewards.token,
+                ca_file=self.cfg.train.reward.tls_ca_file,
                 deadline_s=self.cfg.train.reward.deadline_s,
                 # a FLUX worker's leaves are hundreds of MiB: sent as bounded requests
                 request_bytes=int(self.cfg.train.reward.request_mib * 2**20),

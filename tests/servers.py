@@ -91,11 +91,13 @@ def session_ray_env() -> dict:
 
 class RedisServer:
     """redis-server as the deployments run it (no persistence) on a free port of its
-    own; ``stop`` and ``start`` again bring it back on that same port, empty."""
+    own; ``stop`` and ``start`` again bring it back on that same port, empty. With
+    ``password`` it requires it (``--requirepass``), as the deployments' does."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password
         self.proc = None
         self.start()
 
@@ -106,10 +108,12 @@ class RedisServer:
         if exe is None:
             raise RuntimeError("redis-server is not installed (.ci/run installs it)")
         args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        if self.password is not None:
+            args += ["--requirepass", self.password]
         self.proc = subprocess.Popen(
             [exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        self.client = redis.Redis.from_url(self.url)
+        self.client = redis.Redis.from_url(self.url, password=self.password)
         for _ in range(250):
             try:
                 if self.client.ping():

@@ -23,6 +23,7 @@ from safetensors.numpy import save
 from servers import free_port
 
 SPECS = all_combinations()[:6]
+SECRET = "9f2c4e1a7b3d5f60" * 4  # a reward token the server accepts (32 bytes or more)
 IMAGES = render_batch(SPECS, seed=0)
 PROMPTS = [s.prompt for s in SPECS]
 
@@ -148,10 +149,10 @@ def test_payload_limit_is_413():
 
 
 def test_token_is_enforced_on_v1_only():
-    with TestClient(create_app(_settings(token="s3cret"))) as c:
+    with TestClient(create_app(_settings(token=SECRET))) as c:
         assert _post(c).status_code == 401
         assert _post(c, headers={"Authorization": "Bearer nope"}).status_code == 401
-        assert _post(c, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert _post(c, headers={"Authorization": f"Bearer {SECRET}"}).status_code == 200
         assert c.get("/v1/scorers").status_code == 401
         assert c.get("/healthz").status_code == 200
         assert c.get("/readyz").status_code == 200
@@ -211,7 +212,7 @@ def test_concurrent_requests_are_batched():
 def test_public_bind_needs_a_token():
     with pytest.raises(ValueError, match="--insecure"):
         _settings(host="0.0.0.0").check_bind()
-    _settings(host="0.0.0.0", token="x").check_bind()
+    _settings(host="0.0.0.0", token=SECRET).check_bind()
     _settings(host="0.0.0.0", insecure=True).check_bind()
     _settings(host="::1").check_bind()
 
@@ -264,12 +265,12 @@ def _live(app):
 
 
 LIMIT = 4096
-TOKEN = {"Authorization": "Bearer s3cret"}
+TOKEN = {"Authorization": f"Bearer {SECRET}"}
 
 
 @pytest.fixture(scope="module")
 def live_url():
-    settings = _settings(token="s3cret", max_payload_bytes=LIMIT, max_side=64, max_images=16)
+    settings = _settings(token=SECRET, max_payload_bytes=LIMIT, max_side=64, max_images=16)
     with _live(create_app(settings)) as url:
         yield url
 

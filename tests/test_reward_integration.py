@@ -14,6 +14,7 @@ from servers import G2RPO, RedisServer, RewardServerProcess
 SPECS = all_combinations()[::7]
 IMAGES = render_batch(SPECS, seed=1)
 PROMPTS = [s.prompt for s in SPECS]
+SECRET = "9f2c4e1a7b3d5f60" * 4  # a reward token the server accepts (32 bytes or more)
 
 
 @pytest.fixture(scope="module")
@@ -111,14 +112,14 @@ def test_retry_on_another_replica_hits_the_shared_cache(redis_server):
 
 def test_token_over_real_http():
     srv = RewardServerProcess(
-        "--scorers", "jpeg_compressibility", "--token-env", "RS_TOKEN", env={"RS_TOKEN": "s3cret"}
+        "--scorers", "jpeg_compressibility", "--token-env", "RS_TOKEN", env={"RS_TOKEN": SECRET}
     )
     try:
         with RewardClient([srv.url], deadline_s=5) as anonymous:
             with pytest.raises(RewardRequestError) as err:
                 anonymous.score(IMAGES, PROMPTS, ["jpeg_compressibility"])
             assert err.value.status == 401
-        with RewardClient([srv.url], token="s3cret") as client:
+        with RewardClient([srv.url], token=SECRET) as client:
             assert len(
                 client.score(IMAGES, PROMPTS, ["jpeg_compressibility"]).scores[
                     "jpeg_compressibility"
