@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from .config import G2RPOConfig
+from .net import pin_to_ray_node
 
 BUCKET_BYTES = 256 * 2**20
 
@@ -108,6 +109,7 @@ class WeightGroup:
     def __init__(
         self, name: str, address: str, rank: int, world: int, device: str, timeout_s: float
     ) -> None:
+        pin_to_ray_node()  # gloo and NCCL on the interface other nodes reach (net.py)
         host, port = address.rsplit(":", 1)
         timeout = timedelta(seconds=timeout_s)
         store = dist.TCPStore(

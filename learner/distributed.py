@@ -18,6 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..common.net import pin_to_ray_node
 from ..common.weight_sync import backend_for, use_device
 
 
@@ -77,6 +78,7 @@ def join_learner_group(
     not in a device collective that the default group's watchdog aborts."""
     if dist.is_initialized():
         raise RuntimeError("this process already belongs to a learner group")
+    pin_to_ray_node()  # gloo and NCCL on the interface other nodes reach (net.py)
     use_device(device)
     dist.init_process_group(
         backend_for(device),

@@ -402,3 +402,23 @@ def test_a_sharded_group_forms_after_rank_0_read_its_weights_however_long_that_t
     on_disk = load_file(world / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors")
     assert sorted(state) == sorted(on_disk)
     assert all(torch.equal(state[k], on_disk[k]) for k in on_disk)
+
+
+def _socket_env(learner):
+    import os
+
+    from g2rpo.common.net import interface_of
+
+    node_ip = ray.util.get_node_ip_address()
+    env = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+    return env, interface_of(node_ip)
+
+
+def test_the_ranks_meet_on_the_interface_of_rays_node_ip(group_of, world):
+    """gloo and NCCL would take the hostname's interface (loopback where /etc/hosts says
+    127.0.1.1: a join across nodes then hangs, tests/test_socket_interfaces.py); each
+    rank of a group points them at the interface holding Ray's node IP."""
+    group = group_of(_cfg(world, "train.learner.count=2"))
+    for env, interface in ray.get([r.__ray_call__.remote(_socket_env) for r in group.ranks]):
+        assert interface is not None
+        assert env == {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": f"={interface}"}
