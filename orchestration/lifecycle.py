@@ -20,6 +20,7 @@ from ..run_directory.files import (
     truncate_metrics,
 )
 from .budget import Budget
+from .scratch_dirs import ray_owned_problem
 
 
 def open_run(config, overrides, resume) -> tuple[G2RPOConfig, Path]:
@@ -29,9 +30,12 @@ def open_run(config, overrides, resume) -> tuple[G2RPOConfig, Path]:
         run_dir = Path(resume).absolute()
         if not (run_dir / "config.yaml").is_file():
             raise RunDirError(f"--resume {run_dir}: no config.yaml there (not a run directory)")
-        return load_config(run_dir / "config.yaml", overrides), run_dir
+        cfg = load_config(run_dir / "config.yaml", overrides)
+        _refuse_ray_owned(run_dir, str(resume))
+        return cfg, run_dir
     cfg = load_config(config, overrides)
     run_dir = (Path(cfg.run.output_dir) / cfg.run.name).absolute()
+    _refuse_ray_owned(run_dir, cfg.run.output_dir)
     if (run_dir / "metrics.jsonl").exists():
         raise RunDirError(
             f"{run_dir} already holds a run: pass --resume {run_dir} or another run.name"
@@ -39,6 +43,12 @@ def open_run(config, overrides, resume) -> tuple[G2RPOConfig, Path]:
     (run_dir / CKPT).mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     return cfg, run_dir
+
+
+def _refuse_ray_owned(run_dir: Path, output_dir: str) -> None:
+    problem = ray_owned_problem(run_dir, output_dir)
+    if problem is not None:
+        raise RunDirError(problem)
 
 
 def run_to_continue(config, overrides) -> Path | None:

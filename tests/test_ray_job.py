@@ -58,6 +58,18 @@ train:
         assert "eval/shapes_clip: " in out and "(it 0) -> " in out
         assert "(it 1), paired change " in out, out[-4000:]
         assert rows[0]["transitions"] == 1 * 2 * 4  # prompts · K · G
+        # the same job with the recipes' relative run.output_dir: inside the copy of the
+        # working directory Ray unpacked into its package cache, it is refused before
+        # anything is written (issue 55, item 8; on 3bb9114 it trained there)
+        relative = [*submit, "--set", "run.output_dir=runs", "--set", "run.name=cached"]
+        res = subprocess.run(
+            relative, env=head.env, timeout=600, capture_output=True, text=True, check=False
+        )
+        out = res.stdout + res.stderr
+        assert res.returncode != 0, out[-4000:]
+        assert "run.output_dir 'runs' puts the run at" in out, out[-4000:]
+        assert "package cache" in out and "--set run.output_dir=/runs" in out
+        assert not (work / "runs").exists()  # (nor in the job's own copy: refused first)
     finally:
         head.stop()
     assert not head._left()  # every process the head started is gone
