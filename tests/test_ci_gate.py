@@ -1,12 +1,20 @@
-""".ci/run's gate (no arguments) names its tests in bash: the flux_hps rehearsal by node id,
-then files that its process runs whole, beside `-m "not slow"` for the rest. A renamed
-rehearsal would make the gate fail at collection; a test marked slow in one of those
-files would enter the gate unseen. Both are read here from the script itself."""
+""".ci/run (no arguments) runs every test of the suite, the slow tier included (issue 55,
+item 12; on 3bb9114 it ran only the tests not marked slow): its pytest commands, as
+`.ci/run --dry-run` prints them, are collected here and must together hold each test
+of `pytest tests` exactly once.
+
+`.ci/run --fast` (the inner loop) names its tests in bash: the flux_hps rehearsal by node
+id, then files that its process runs whole, beside `-m "not slow"` for the rest. A
+renamed rehearsal would make it fail at collection; a test marked slow in one of those
+files would enter it unseen. Both are read here from the script itself."""
 
 from __future__ import annotations
 
 import ast
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,3 +56,38 @@ def test_marked_slow_sees_a_decorator_and_a_module_mark():
     assert not marked_slow(
         ast.parse("@pytest.mark.parametrize('a', [1])\ndef test_x(a):\n    pass\n")
     )
+
+
+def _collected(args: list[str]) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    return [line for line in out.splitlines() if "::" in line]
+
+
+def _commands(*mode: str) -> list[list[str]]:
+    out = subprocess.run(
+        ["bash", ".ci/run", "--dry-run", *mode],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    lines = [shlex.split(line) for line in out.splitlines()]
+    assert lines and all(line[0] == "pytest" for line in lines), out
+    return [line[1:] for line in lines]
+
+
+def test_ci_run_runs_every_test_of_the_suite_once():
+    commands = _commands()
+    assert len(commands) == 2  # two processes side by side on CI's 2 cores
+    runs = [_collected(args) for args in commands]
+    everything = _collected(["tests"])
+    assert sorted(runs[0] + runs[1]) == sorted(everything)
+    assert not set(runs[0]) & set(runs[1])
