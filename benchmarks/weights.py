@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 
@@ -25,7 +26,7 @@ from ..common.lora import add_lora
 from ..common.net import free_address
 from ..common.ray_init import init_ray
 from ..common.weight_sync import WeightGroup, layout_of
-from ..common.weights import load_published, state_nbytes, weights_checksum
+from ..common.weights import load_published, publishable, state_nbytes, weights_checksum
 from ..learner.trainer import in_rollout_dtype, trained_state
 
 MODES = {  # mode: (LoRA, dtype the workers hold)
@@ -75,7 +76,7 @@ class _Publisher(_Member):
     def publish(self):
         """As Learner.publish: trained state → checksum → one object-store put."""
         state, checksum = self._state()
-        return [ray.put(state)], checksum, state_nbytes(state)
+        return [ray.put(publishable(state))], checksum, state_nbytes(state)
 
     def stage(self):
         state, checksum = self._state()
@@ -86,8 +87,9 @@ class _Publisher(_Member):
         self.group.send(self.staged, layout)
 
     def put_raw(self, nbytes: int):
-        """The floor: the same number of bytes as one tensor, put once."""
-        return [ray.put(torch.zeros(nbytes, dtype=torch.uint8))]
+        """The floor: the same number of bytes as one array, put once (a worker maps
+        it, as it maps a published version)."""
+        return [ray.put(np.zeros(nbytes, dtype=np.uint8))]
 
 
 @ray.remote
@@ -101,7 +103,7 @@ class _Subscriber(_Member):
         load_published(self.transformer, 1, self.group.receive(layout), checksum, self.lora)
 
     def fetch(self, refs) -> int:
-        return int(ray.get(refs[0]).numel())
+        return int(ray.get(refs[0]).size)
 
 
 def _start_members(size: str, workers: int, lora_rank: int, device: str):

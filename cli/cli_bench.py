@@ -400,3 +400,9 @@ def add_bench_parsers(sub) -> None:
     )
     pm.add_argument("--json", action="store_true")
     pm.set_defaults(func=_cmd_bench_plan_memory)
+    from g2rpo.cli_bench_memory import add_weights_memory_parser
+
+    add_weights_memory_parser(bench_sub)
+    from g2rpo.cli_bench_handoff import add_handoff_parser
+
+    add_handoff_parser(bench_sub)

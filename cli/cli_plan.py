@@ -1,4 +1,5 @@
-"""``g2rpo plan``: each actor's estimated peak GPU memory, before any launch."""
+"""``g2rpo plan``: each actor's estimated peak GPU memory and each node's host memory,
+before any launch; ``g2rpo doctor``: the check on a node."""
 
 from __future__ import annotations
 
@@ -30,6 +31,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     except KeyError as e:  # no row of a rate for this device
         rep["time"] = {"error": e.args[0]}
         text.append(f"time: {e.args[0]} (g2rpo doctor --calibration-out FILE measures them)")
+    from g2rpo.common.errors import ConfigError
+    from g2rpo.planning.host_report import format_host, host_report
+
+    try:
+        rep["host"] = host_report(cfg, args.gpus_per_node)
+        text.append(format_host(rep["host"]))
+    except ConfigError as e:  # e.g. a learner group no node of --gpus-per-node holds
+        rep["host"] = {"error": str(e)}
+        text.append(f"host memory: {e}")
     if args.gpus is not None:
         from g2rpo.planning.layouts import format_search, search
 
@@ -44,14 +54,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def add_plan_parsers(sub) -> None:
     p = sub.add_parser(
         "plan",
-        help="estimate each actor's peak GPU memory and the time an iteration takes (no weights "
-        "loaded); exit 3 if one misfits",
+        help="estimate each actor's peak GPU memory, each node's host memory and the time an "
+        "iteration takes (no weights loaded); exit 3 if one misfits",
         description="Estimated peak device memory of each actor kind (rollout worker, learner "
         "rank, evaluator, reward replica), what it is made of, whether it fits its GPU share, "
         "and the cheapest changes that make a misfit fit. Exit code: 0 all fit, 3 some actor "
         "does not fit, 2 bad input. Then the seconds of each phase of an iteration and the "
         "run's GPU-hours, from the calibration table of measured rates "
-        "(planning/presets/calibration.json; rates not measured on the device are named).",
+        "(planning/presets/calibration.json; rates not measured on the device are named). "
+        "Then each node's host RAM per phase and the object store and /dev/shm it needs "
+        "(planning/host_memory.py says what each process holds in each phase).",
     )
     p.add_argument("config", help="run config (YAML)")
     p.add_argument("--set", action="append", default=[], metavar="a.b=c", help="override")
@@ -83,6 +95,15 @@ def add_plan_parsers(sub) -> None:
         help="search the layouts of this batch on N GPUs and print the fastest that fits, "
         "with its --set lines",
     )
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=8,
+        metavar="N",
+        help="GPUs a node holds, for the host-memory section: each node's RAM per phase "
+        "(load, rollout, publish, learn, checkpoint, export), object store and /dev/shm, "
+        "with the actors laid out as the run's placement puts them (default 8)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
 
@@ -107,6 +128,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
             rewards = json.dumps([{"name": n} for n in names])
             cfg = load_config(args.config, [*overrides, f"rewards={rewards}"])
             print(f"g2rpo doctor: rewards={rewards} (from --scorers)", file=sys.stderr)
+    host = _host_options(args, cfg)
     blocks = None
     if args.blocks is not None:
         try:
@@ -123,7 +145,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
             cfg = random_weights_config(cfg, Path(tmp), args.random_weights, blocks)
         elif blocks is not None:
             raise UsageError("--blocks needs --random-weights")
-        rep = run_doctor(cfg, args.config, args.scorers or None, progress=not args.json)
+        rep = run_doctor(cfg, args.config, args.scorers or None, not args.json, host)
     if args.json:
         print(json.dumps(rep.model_dump(), indent=2))
     else:
@@ -139,12 +161,35 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if rep.ok else 1
 
 
+def _host_options(args: argparse.Namespace, cfg):
+    from g2rpo.planning.doctor_host import HostOptions, parse_size
+
+    if args.node is not None:  # a name the plan gives, checked before anything runs
+        from g2rpo.planning.host_nodes import host_plan
+
+        names = [n.name for n in host_plan(cfg, args.gpus_per_node)]
+        if args.node not in names:
+            raise UsageError(f"--node {args.node!r}: the plan's nodes are {', '.join(names)}")
+
+    store = args.object_store_memory
+    if store is not None:
+        try:
+            store = parse_size(store)
+        except ValueError as e:
+            raise UsageError(f"--object-store-memory: {e}") from None
+    return HostOptions(args.gpus_per_node, args.node, store, args.host_only)
+
+
 def add_doctor_parser(sub) -> None:
     d = sub.add_parser(
         "doctor",
-        help="on one GPU node, without Ray: build each actor as training does and run one "
-        "rollout, score, precision check, update and evaluation; exit 1 naming the phase",
-        description="Run once what a training iteration does, on this node's device, each "
+        help="on one GPU node, without Ray: check its host memory against the plan, build each "
+        "actor as training does and run one rollout, score, precision check, update and "
+        "evaluation; exit 1 naming the phase",
+        description="Check this node's MemTotal, /dev/shm and Ray object store against the "
+        "host memory `g2rpo plan` says a node of the run needs (a shortfall names the setting: "
+        "pod memory, /dev/shm sizeLimit, object-store-memory). Then run once what a training "
+        "iteration does, on this node's device, each "
         "actor's core built exactly as training builds it (the learner as a one-rank group): "
         "publish, one rollout share, scoring in-process, the PPO ratio before any update vs "
         "the clip range, one learner update, one evaluation. Per phase: pass/fail, seconds, "
@@ -189,6 +234,29 @@ def add_doctor_parser(sub) -> None:
         metavar="FILE",
         help="append the rates this run measured (sample, decode and learn TFLOP/s, seconds "
         "per prompt encoded) to FILE as calibration rows, for `g2rpo plan --calibration FILE`",
+    )
+    d.add_argument(
+        "--host-only",
+        action="store_true",
+        help="only the first phase: this node's MemTotal, /dev/shm and object store against "
+        "the host memory the plan says a node of the run needs (no model is built)",
+    )
+    d.add_argument(
+        "--node",
+        default=None,
+        metavar="NAME",
+        help="the plan's node this one is to be, as `g2rpo plan` names it (e.g. 'node 2'; "
+        "default: the run's most demanding node)",
+    )
+    d.add_argument(
+        "--gpus-per-node", type=int, default=8, metavar="N", help="as `g2rpo plan`'s (default 8)"
+    )
+    d.add_argument(
+        "--object-store-memory",
+        default=None,
+        metavar="SIZE",
+        help="the object store Ray has (or will have) on this node, bytes or e.g. 56GiB "
+        "(default: asked of the Ray this process joins, when RAY_ADDRESS names one)",
     )
     d.add_argument("--json", action="store_true", help="print the report as JSON")
     d.set_defaults(func=_cmd_doctor)

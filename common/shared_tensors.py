@@ -7,8 +7,14 @@ private copy of all of them (two ranks on a node: twice the batches, plus the
 store's own copy; `grpo_guard_sd35`'s rehearsal ran out of host memory on it).
 Pickled through here, the ranks of a node read one copy in the store.
 
+Published weight versions cross the same way (``Learner.publish``, the collective
+transport's object-store copies, ``common/weights.load_published``): at FLUX size a
+version is 23.8 GB, and seven workers on a node each unpickling a private copy held
+167 GB more than the store's one (``g2rpo bench weights-memory`` measures it).
+
 The tensors that come back are views of read-only memory: the learner only
-indexes them (which copies the rows it takes) and never writes into them.
+indexes them (which copies the rows it takes), a worker only hashes them and copies
+them into its own weights (``load_state_dict``), and neither writes into them.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ import torch
 # below this a tensor is pickled as it is: Ray's out-of-band buffers cost more
 # than they save on a 1-D index tensor
 SHARE_FROM_BYTES = 1 << 20
+# a weight version's threshold: a LoRA run's adapters are many tensors of tens to
+# hundreds of KiB (FLUX at rank 16: 3072 x 16 x 4 B = 192 KiB each), together up to GBs
+WEIGHTS_SHARE_FROM_BYTES = 16 << 10
 
 # dtypes NumPy has no type for travel as integers of the same width
 _CARRIERS = {
@@ -51,16 +60,16 @@ class _SharedArray:
         return t.view(self.dtype) if t.dtype != self.dtype else t
 
 
-def to_wire(value: Any) -> Any:
-    """``value`` with a large CPU tensor (or the large tensors of a dict) replaced by
-    its shareable form; anything else unchanged."""
+def to_wire(value: Any, share_from: int = SHARE_FROM_BYTES) -> Any:
+    """``value`` with a CPU tensor of at least ``share_from`` bytes (or such tensors of
+    a dict) replaced by its shareable form; anything else unchanged."""
     if isinstance(value, dict):
-        return {k: to_wire(v) for k, v in value.items()}
+        return {k: to_wire(v, share_from) for k, v in value.items()}
     if (
         not isinstance(value, torch.Tensor)
         or value.device.type != "cpu"
         or value.requires_grad
-        or value.numel() * value.element_size() < SHARE_FROM_BYTES
+        or value.numel() * value.element_size() < share_from
     ):
         return value
     t = value.detach().contiguous()

@@ -29,7 +29,12 @@ Why this and not the alternatives, at FLUX.1-dev size (12B parameters, 24-48 GB)
 * NCCL's own integrity (link CRCs, ECC) says nothing about the object-store path,
   about which version arrived, or about a bucket unpacked into the wrong slot.
 
-Tensors on a device are copied to the host one at a time to be hashed."""
+Tensors on a device are copied to the host one at a time to be hashed.
+
+A version crosses Ray as NumPy arrays (``common/shared_tensors.py``): a worker gets
+read-only views of its node's one object-store copy, hashes them where they lie and
+copies them into its own weights (on the host, or host view to device), never
+holding a private copy of the version (``load_published``)."""
 
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ import torch
 import xxhash
 
 from .lora import AdapterMismatch, load_adapter_state
+from .shared_tensors import WEIGHTS_SHARE_FROM_BYTES, from_wire, to_wire
 
 
 class WeightMismatch(RuntimeError):
@@ -72,11 +78,22 @@ def state_nbytes(state: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
+def publishable(state: dict[str, torch.Tensor]) -> dict:
+    """A version as it goes into the object store (``ray.put``): its large tensors as
+    NumPy arrays, which every worker on a node maps instead of unpickling a copy. The
+    arrays view ``state``'s tensors: the put is the only copy. Tensors under 16 KiB (a
+    norm's scale, a bias) are pickled as they are."""
+    return to_wire(state, WEIGHTS_SHARE_FROM_BYTES)
+
+
 def load_published(
     transformer: torch.nn.Module, version: int, state: dict, checksum: str, lora: bool
 ) -> None:
     """Verify a published version's checksum, then load it strictly: the adapters of
-    a LoRA run, else every weight."""
+    a LoRA run, else every weight. ``state``: tensors, or the object store's form of
+    them (``publishable``), hashed and copied from where they lie (read-only views of
+    the store's shared memory: ``load_state_dict`` copies out of them, never into)."""
+    state = from_wire(state)
     got = weights_checksum(state)
     if got != checksum:
         raise WeightMismatch(f"weights v{version}: checksum {got} != published {checksum}")

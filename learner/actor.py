@@ -10,7 +10,7 @@ import ray
 from ..common.config import G2RPOConfig
 from ..common.messages import PublishedWeights
 from ..common.weight_sync import WeightGroupMember, layout_of
-from ..common.weights import state_nbytes
+from ..common.weights import publishable, state_nbytes
 
 
 @ray.remote(max_restarts=0)
@@ -89,11 +89,15 @@ class Learner(WeightGroupMember):
             self._step_aside()
             return None
         version, state, checksum = published
-        # one object per version, shared by all workers (a LoRA run: the adapters only)
-        ref = ray.put(state)
+        nbytes = state_nbytes(state)
+        # one object per version, shared by all workers (a LoRA run: the adapters only):
+        # NumPy arrays, which each worker maps from its node's copy (shared_tensors.py)
+        ref = ray.put(publishable(state))
+        # the gathered host copy goes before this rank's state moves to the host beside it
+        del published, state
         self._step_aside()
         seconds = time.perf_counter() - t0
-        return PublishedWeights(version, checksum, state_nbytes(state), seconds, ref=ref)
+        return PublishedWeights(version, checksum, nbytes, seconds, ref=ref)
 
     def _step_aside(self) -> None:
         """Colocated (train.placement): once a version is published the rollout has the

@@ -3,7 +3,13 @@ them (the collective transport's broadcast source and object-store fallback)."""
 
 from __future__ import annotations
 
-import ray
+from typing import TYPE_CHECKING
+
+from ..common.shared_tensors import from_wire
+from ..common.weights import publishable
+
+if TYPE_CHECKING:
+    import ray
 
 
 def versions_kept(staleness: int) -> int:
@@ -19,7 +25,8 @@ class StagedVersions:
     """Learner rank 0's weight versions for the collective transport, each held once
     in host memory: as tensors for the broadcast, then, once an actor outside the
     broadcast needs it (a restarted worker, the evaluator, the fallback), as its
-    object-store copy alone (the tensors are dropped when it is put)."""
+    object-store copy alone (the tensors are dropped when it is put): ``publishable``'s
+    NumPy form, which every worker of a node maps, as on the object-store transport."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
@@ -34,11 +41,16 @@ class StagedVersions:
         return sorted(self._held)
 
     def state(self, version: int) -> dict:
+        import ray  # here: versions_kept serves `g2rpo plan`, which runs without Ray
+
         held = self._held[version]
-        return ray.get(held) if isinstance(held, ray.ObjectRef) else held
+        # a put version: views of the store's copy (read-only; the broadcast only reads)
+        return from_wire(ray.get(held)) if isinstance(held, ray.ObjectRef) else held
 
     def object_ref(self, version: int) -> ray.ObjectRef:
+        import ray
+
         held = self._held[version]
         if not isinstance(held, ray.ObjectRef):
-            held = self._held[version] = ray.put(held)
+            held = self._held[version] = ray.put(publishable(held))
         return held

@@ -261,7 +261,7 @@ def _by_node(values: dict[str, int], report: dict) -> dict:
 
 def _failure(phase: str, exc: BaseException) -> dict:
     """What failed, in which phase, and the config field to look at."""
-    from ..planning.doctor import FIELD_IN_MESSAGE, is_config_field
+    from ..planning.doctor_fields import FIELD_IN_MESSAGE, is_config_field
 
     cause = getattr(exc, "cause", None) or exc  # a RayTaskError carries the actor's error
     message = f"{type(cause).__name__}: {cause}".strip()

@@ -13,7 +13,6 @@ on test-size models (its CI test); memory is then reported for CUDA only."""
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 import traceback
@@ -22,64 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import BaseModel
 
 from ..common.config import G2RPOConfig
 from ..common.flops import count_flops, peak_tflops, update_flops, utilisation
+from .doctor_fields import field_of
 from .doctor_report import DoctorReport, PhaseResult
 
 GiB = 2**30
 PRECISION_WARN = 0.5  # of the clip range: below it the ratio moves for no reason rarely
-
-# the field to look at when a phase fails (an out-of-memory names the memory fields)
-PHASE_FIELDS = {
-    "plan": "train.memory.gpu_memory_gib",
-    "rollout worker": "model.pretrained",
-    "learner": "model.pretrained",
-    "publish": "model.rollout_weights_dtype",
-    "rollout": "sampling.max_batch",
-    "score": "train.reward.scorers",
-    "precision": "model.dtype",
-    "learn": "train.learner.max_batch",
-    "evaluate": "train.eval.samples",
-}
-OOM_FIELDS = {
-    "rollout worker": "model.rollout_weights_dtype",
-    "precision": "train.learner.max_batch",
-    "learner": "train.learner.count / model.lora / model.mixed_precision",
-    "rollout": "sampling.max_batch / sampling.decode_batch",
-    "learn": "train.learner.max_batch / model.gradient_checkpointing",
-    "evaluate": "sampling.max_batch / sampling.decode_batch",
-}
-
-
-FIELD_IN_MESSAGE = re.compile(
-    r"\b(?:model|sampling|algorithm|optim|rewards|run|train)\.[a-z_.]*[a-z_]"
-)
-
-
-def is_config_field(path: str) -> bool:
-    """``train.reward.scorers`` is a field of G2RPOConfig; ``model.safetensors`` is not."""
-    model: type[BaseModel] | None = G2RPOConfig
-    for part in path.split("."):
-        if model is None or part not in model.model_fields:
-            return False
-        annotation = model.model_fields[part].annotation
-        inner = [a for a in getattr(annotation, "__args__", ()) if isinstance(a, type)]
-        kinds = [annotation, *inner]
-        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
-    return True
-
-
-def field_of(phase: str, exc: BaseException) -> str:
-    """The config field a failure points at: one the message names, else the
-    memory fields of an out-of-memory, else the phase's own."""
-    for named in FIELD_IN_MESSAGE.finditer(str(exc)):
-        if is_config_field(named.group(0)):
-            return named.group(0)
-    if _is_oom(exc) and phase in OOM_FIELDS:
-        return OOM_FIELDS[phase]
-    return PHASE_FIELDS.get(phase, "")
 
 
 class DeviceMemory:
@@ -116,16 +65,16 @@ def _gib(n: int | None) -> float | None:
     return None if n is None else round(n / GiB, 3)
 
 
-def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
-
-
 class Doctor:
     """Runs the phases in order, each on the results of the ones before."""
 
-    def __init__(self, cfg: G2RPOConfig, config_name: str, progress: bool = True) -> None:
+    def __init__(
+        self, cfg: G2RPOConfig, config_name: str, progress: bool = True, host=None
+    ) -> None:
         from ..learner.trainer import single_rank
+        from .doctor_host import HostOptions
 
+        self.run_cfg, self.host = cfg, host or HostOptions()  # the node check: the run's
         cfg = single_rank(cfg)  # the doctor's learner is one rank, and so is its plan
         self.cfg, self.name, self.progress = cfg, config_name, progress
         self.memory = DeviceMemory(cfg.model.device)
@@ -163,7 +112,7 @@ class Doctor:
             result.ok = False
             result.error = f"{type(exc).__name__}: {exc}"
             result.field = field_of(name, exc)
-            if self.progress:
+            if self.progress and not getattr(exc, "said", False):  # (a shortfall says it all)
                 traceback.print_exc()
         finally:
             peak, after = self.memory.peak(), self.memory.allocated()
@@ -190,6 +139,13 @@ class Doctor:
 
     def _phases(self, scorers: list[str] | None) -> None:
         cfg = self.cfg
+        with self.phase("host memory") as r:  # this node against the plan's (doctor_host.py)
+            if r is not None:
+                from .doctor_host import run_host_phase
+
+                run_host_phase(self.run_cfg, self.host, r)
+        if self.host.only:
+            return
         with self.phase("plan") as r:
             if r is not None:
                 self._plan(r)
@@ -223,6 +179,10 @@ class Doctor:
         with self.phase("evaluate", "rollout worker", needs=("rollout worker",)) as r:
             if r is not None:
                 self._evaluate(r)
+        if cfg.train.placement == "colocated":  # the pair's turns on one GPU
+            from .doctor_colocated import colocated_phases
+
+            colocated_phases(self)
 
     def _plan(self, r: PhaseResult) -> None:
         from .estimate import GiB as PLAN_GIB
@@ -367,9 +327,14 @@ class Doctor:
 
 
 def run_doctor(
-    cfg: G2RPOConfig, config_name: str, scorers: list[str] | None = None, progress: bool = True
+    cfg: G2RPOConfig,
+    config_name: str,
+    scorers: list[str] | None = None,
+    progress: bool = True,
+    host=None,
 ) -> DoctorReport:
-    return Doctor(cfg, config_name, progress).run(scorers)
+    """``host``: the node check's options (``doctor_host.HostOptions``)."""
+    return Doctor(cfg, config_name, progress, host).run(scorers)
 
 
 def random_weights_config(

@@ -53,6 +53,10 @@ class RolloutWorker(WeightGroupMember):
         return self.core is not None
 
     def load_weights(self, version: int, state: dict, checksum: str) -> WeightsLoaded:
+        """A version from the object store (the driver passes its reference; Ray
+        resolves it before the call): read-only views of this node's one copy, which
+        the core hashes and copies into its transformer (``load_published``); the views
+        go when the call returns."""
         return self.core.load_weights(version, state, checksum)
 
     # -- train.weights.transport: collective (rank worker+1 of the broadcast group)

@@ -15,6 +15,7 @@ from fake_accelerator import NAME, on_fake_gpu
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = [
+    "host memory",
     "plan",
     "rollout worker",
     "learner",
@@ -152,7 +153,7 @@ def test_doctor_phases_keep_their_tensors_on_the_device():
 
 
 def test_a_failure_names_only_real_config_fields():
-    from g2rpo.planning.doctor import field_of
+    from g2rpo.planning.doctor_fields import field_of
 
     missing = OSError("no file named pytorch_model.bin, model.safetensors in /x")
     assert field_of("rollout worker", missing) == "model.pretrained"  # the phase's own
@@ -162,7 +163,7 @@ def test_a_failure_names_only_real_config_fields():
 
 
 def test_the_fields_the_doctor_and_the_plan_point_at_are_real():
-    from g2rpo.planning.doctor import OOM_FIELDS, PHASE_FIELDS, is_config_field
+    from g2rpo.planning.doctor_fields import OOM_FIELDS, PHASE_FIELDS, is_config_field
     from g2rpo.planning.remedies import GPU_FIELDS
 
     for text in [*PHASE_FIELDS.values(), *OOM_FIELDS.values(), *GPU_FIELDS.values()]:

@@ -323,7 +323,7 @@ def test_cli_table_json_and_exit_codes(capsys):
     learner = next(a for a in rep["actors"] if a["actor"] == "learner rank")
     assert not learner["fits"] and learner["remedies"]
     assert rep["gpus_asked"] == 16 + 1 + 2 * 0.5
-    from g2rpo.planning.doctor import is_config_field
+    from g2rpo.planning.doctor_fields import is_config_field
 
     for remedy in learner["remedies"]:  # each --set names a real field and loads
         for change in remedy["set"]:
