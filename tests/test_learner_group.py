@@ -13,6 +13,7 @@ import ray
 import torch
 from g2rpo.common.config import load_config
 from g2rpo.common.config_train import ActorResources
+from g2rpo.common.shared_tensors import from_wire
 from g2rpo.common.trajectories import Trajectories
 from g2rpo.common.weights import weights_checksum
 from g2rpo.learner.distributed import RankShare
@@ -85,7 +86,8 @@ def group_of(ray_local):
 
 
 def _published(group) -> dict[str, torch.Tensor]:
-    return ray.get(group.publish().ref)
+    """The version as a worker reads it: the object store's arrays as tensor views."""
+    return from_wire(ray.get(group.publish().ref))
 
 
 def _max_diff(a: dict, b: dict) -> float:
