@@ -76,7 +76,9 @@ def test_the_server_command_refuses_a_placeholder_and_a_short_token():
 
 @pytest.mark.parametrize(
     ("token", "needle"),
-    [("change-me", "is a placeholder"), (secrets.token_hex(8), "is 16 bytes")],
+    # a fixed random-looking token: test ids stay the same in every collection
+    [("change-me", "is a placeholder"), ("5f1c0a9e3b7d2468", "is 16 bytes")],
+    ids=["placeholder", "short"],
 )
 def test_the_driver_refuses_an_unfit_token_before_any_actor(monkeypatch, token, needle):
     """RewardSource reads train.reward.token_env first thing (no actor is started: the
