@@ -1,16 +1,16 @@
-"""deploy/k8s offline: every core manifest (and every pod template inside KubeRay and
-Deployment objects) validates strictly against the Kubernetes 1.37 schemas; RayCluster
-and RayJob carry KubeRay's required fields; the overlays' patches and components apply to
-the base; the generated PrometheusRule is what its generator writes; docker-compose's
-services point at files that exist.
+"""deploy/k8s offline, as the real kustomize renders it (kubectl's, tests/kustomize_render.py):
+every core manifest (and every pod template inside KubeRay and Deployment objects)
+validates strictly against the Kubernetes 1.37 schemas; RayCluster and RayJob carry
+KubeRay's required fields; the overlays' patches and components apply to the base; the
+generated PrometheusRule is what its generator writes; docker-compose's services point at
+files that exist.
 
 And the KubeRay manifests, as each overlay renders them, can run the config their job
 names: the ConfigMap is a shipped recipe plus the stated deploy overrides and `g2rpo plan`
 passes it; the worker pods hold the recipe's `# hardware:` GPUs with one pod holding the
 whole learner group (its STRICT_PACK placement group); every Ray pod mounts the run
-directory (one ReadWriteMany claim at run.output_dir); /dev/shm holds the object store;
-the pods carry the labels the NetworkPolicies admit (kustomize's `labels` never reach
-into KubeRay's pod templates, so the manifests must say them)."""
+directory (one claim at run.output_dir); /dev/shm holds the object store. What the
+operator, Kubernetes and kube-prometheus-stack make of them: tests/test_operator_conformance.py."""
 
 import functools
 import json
@@ -20,10 +20,10 @@ import shlex
 import sys
 from pathlib import Path
 
-import jsonpatch
 import kubernetes_validate
 import pytest
 import yaml
+from kustomize_render import render, render_with_components
 
 REPO = Path(__file__).parents[1]
 DEPLOY = REPO / "deploy"
@@ -40,41 +40,22 @@ DEPLOY_OVERRIDES = {
     "train.env_vars": {"NCCL_DEBUG": "WARN"},  # every actor's environment
     "train.reward.resources": {"reward": 1},  # the job's reward replicas: the gpu1 pod
     "train.reward.token_env": "G2RPO_REWARD_TOKEN",  # the reward-token Secret
+    "train.reward.redis_password_env": "G2RPO_REDIS_PASSWORD",  # the redis-password Secret
 }
 RENDERS = ["base", "cpu", "gpu"]
 
 
-def _render(folder: Path) -> dict[str, dict]:
-    """What a kustomization (or component) yields: its resources (a directory is a
-    kustomization rendered first), its components', then its JSON patches applied."""
-    kust = yaml.safe_load((folder / "kustomization.yaml").read_text())
-    docs: dict[str, dict] = {}
-    for name in kust.get("resources", []):
-        path = folder / name
-        if path.is_dir():
-            docs.update(_render(path))
-            continue
-        for doc in yaml.safe_load_all(path.read_text()):
-            docs[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
-    for component in kust.get("components", []):
-        docs.update(_render(folder / component))
-    for patch in kust.get("patches", []):
-        target = patch["target"]
-        key = f"{target['kind']}/{target['name']}"
-        docs[key] = jsonpatch.apply_patch(docs[key], yaml.safe_load(patch["patch"]))
-    return docs
-
-
 def _base() -> dict[str, dict]:
-    return _render(DEPLOY / "k8s/base")
+    return render(DEPLOY / "k8s/base")
 
 
 def _rendered(name: str) -> dict[str, dict]:
-    return _base() if name == "base" else _render(DEPLOY / f"k8s/overlays/{name}")
+    """The base or an overlay as kustomize renders it, by "Kind/name"."""
+    return _base() if name == "base" else render(DEPLOY / f"k8s/overlays/{name}")
 
 
 def _with_reward_service() -> dict[str, dict]:
-    return {**_base(), **_render(DEPLOY / "k8s/components/reward-service")}
+    return render_with_components(DEPLOY / "k8s/base", DEPLOY / "k8s/components/reward-service")
 
 
 def _pod(template: dict, name: str) -> dict:
@@ -128,7 +109,6 @@ def test_base_manifests_validate():
         "RayJob/g2rpo-train",
         "ConfigMap/train-config",
         "PersistentVolumeClaim/g2rpo-runs",
-        "Secret/reward-token",
         "PrometheusRule/g2rpo",
     } <= set(docs)
     _validate(docs)
@@ -174,9 +154,7 @@ def test_overlay_patches_apply_and_validate(overlay):
     # every image the overlay runs is pinned by it; the others it pins are the
     # reward-service component's, which the overlay's comment says how to add
     offered = used | {
-        c["image"].split(":")[0]
-        for d in _render(DEPLOY / "k8s/components/reward-service").values()
-        for c in _containers(d)
+        c["image"].split(":")[0] for d in _with_reward_service().values() for c in _containers(d)
     }
     assert "ghcr.io/g2rpo/g2rpo" in used and used <= images <= offered
 
@@ -277,44 +255,11 @@ def _gpus(template: dict) -> int:
 
 
 @pytest.mark.parametrize("render", RENDERS)
-def test_ray_pods_carry_the_labels_the_network_policies_admit(render):
-    """Every pod template in the RayJob (head, workers, submitter) and the RayCluster
-    matches, for each NetworkPolicy rule, one of the rule's pod selectors: else an
-    enforcing CNI keeps the rollout workers from Redis and the reward servers."""
-    docs = _rendered(render)
-    rules = [
-        (key, [p["podSelector"] for p in rule["from"] if set(p) == {"podSelector"}])
-        for key, doc in docs.items()
-        if doc["kind"] == "NetworkPolicy"
-        for rule in doc["spec"]["ingress"]
-    ]
-    assert rules and all(selectors for _, selectors in rules), rules
-    templates = []
-    for key, doc in docs.items():
-        if doc["kind"] == "RayJob":
-            templates += [(key, w, t) for w, t, _, _ in _ray_pods(doc["spec"]["rayClusterSpec"])]
-            templates.append((key, "submitter", doc["spec"]["submitterPodTemplate"]))
-        elif doc["kind"] == "RayCluster":
-            templates += [(key, w, t) for w, t, _, _ in _ray_pods(doc["spec"])]
-    assert len(templates) >= 5
-    problems = []
-    for key, where, template in templates:
-        labels = template.get("metadata", {}).get("labels", {})
-        for policy, selectors in rules:
-            for s in selectors:
-                assert set(s) <= {"matchLabels"}, f"{policy}: check {s} by hand"
-            if not any(s["matchLabels"].items() <= labels.items() for s in selectors):
-                problems.append(f"{key} {where}: labels {labels} match no pod of {policy}")
-        if not labels.get("app.kubernetes.io/name"):
-            problems.append(f"{key} {where}: no app.kubernetes.io/name label")
-    assert not problems, "\n".join(problems)
-
-
-@pytest.mark.parametrize("render", RENDERS)
 def test_every_ray_pod_mounts_the_run_directory(render):
     """run.output_dir is one filesystem at one absolute path for the driver (the head)
     and every pod that can host a learner rank or rollout worker (every worker group):
-    the same ReadWriteMany claim, writable (fsGroup: the pods run as uid 1000), there."""
+    the same claim, writable (fsGroup: the pods run as uid 1000), there; ReadWriteMany, or
+    ReadWriteOnce with the pods held to one node (test_operator_conformance checks how)."""
     docs = _rendered(render)
     cfg, *_ = _job_config(docs)
     out = cfg.run.output_dir
@@ -340,7 +285,7 @@ def test_every_ray_pod_mounts_the_run_directory(render):
     claim = claims.pop()
     assert f"PersistentVolumeClaim/{claim}" in docs, f"{claim}: no claim in the manifests"
     pvc = docs[f"PersistentVolumeClaim/{claim}"]["spec"]
-    assert "ReadWriteMany" in pvc["accessModes"], pvc
+    assert {"ReadWriteMany", "ReadWriteOnce"} & set(pvc["accessModes"]), pvc
 
 
 @pytest.mark.parametrize("render", RENDERS)
@@ -526,10 +471,10 @@ def test_prometheus_rule_is_generated_from_the_rule_files():
         import prometheus_rule
     finally:
         sys.path.pop(0)
-    committed = (DEPLOY / "k8s/base/prometheus-rules.yaml").read_text()
+    committed = (DEPLOY / "k8s/base/monitoring/prometheus-rules.yaml").read_text()
     assert committed == prometheus_rule.prometheus_rule(), (
         "regenerate: .venv/bin/python deploy/k8s/prometheus_rule.py "
-        "> deploy/k8s/base/prometheus-rules.yaml"
+        "> deploy/k8s/base/monitoring/prometheus-rules.yaml"
     )
 
 

@@ -1,7 +1,9 @@
-"""deploy/k8s/base/prometheus-rules.yaml from deploy/prometheus/rules: the same recording
-and alert rules as a PrometheusRule for the Prometheus operator, so one file is edited.
+"""deploy/k8s/base/monitoring/prometheus-rules.yaml from deploy/prometheus/rules: the same
+recording and alert rules as a PrometheusRule for the Prometheus operator, so one file is
+edited.
 
-    .venv/bin/python deploy/k8s/prometheus_rule.py > deploy/k8s/base/prometheus-rules.yaml
+    .venv/bin/python deploy/k8s/prometheus_rule.py \
+        > deploy/k8s/base/monitoring/prometheus-rules.yaml
 """
 
 from __future__ import annotations
