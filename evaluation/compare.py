@@ -22,6 +22,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..common.config import dump_config, load_config
+from ..common.config_diff import config_differences
 from ..common.errors import ConfigError, G2RPOError, RunDirError, RunFailed, UsageError
 from ..common.paths import resolve_path
 from ..run_directory.files import finished, read_metrics
@@ -37,17 +38,6 @@ class SpecChanged(ValueError):
     """A run on disk was made from different settings than the spec now gives."""
 
 
-def _config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
-    out = []
-    for key in sorted(set(a) | set(b)):
-        va, vb = a.get(key), b.get(key)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += _config_diff(va, vb, f"{prefix}{key}.")
-        elif va != vb:
-            out.append(f"{prefix}{key}: {va!r} on disk, {vb!r} in the spec")
-    return out
-
-
 # where a run lives, not how it trains: a finished run copied from another comparison
 # (same settings and seed) counts as this comparison's run
 _PLACE = ("name", "output_dir")  # of run
@@ -61,7 +51,10 @@ def check_unchanged(run: PlannedRun) -> None:
     for dump in (old, new):
         for key in _PLACE:
             del dump["run"][key]
-    diff = _config_diff(old, new)
+    diff = [
+        f"{path}: {va!r} on disk, {vb!r} in the spec"
+        for path, va, vb in config_differences(old, new)
+    ]
     if diff:
         raise SpecChanged(
             f"run {run.name} ({run.run_dir}) was trained with other settings: "

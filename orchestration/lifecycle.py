@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..common.config import G2RPOConfig, dump_config, load_config
+from ..common.config_diff import config_differences
 from ..common.errors import ConfigError, RunDirError
 from ..run_directory.files import (
     CKPT,
@@ -61,7 +62,12 @@ def run_to_continue(config, overrides) -> Path | None:
     if not (run_dir / "config.yaml").is_file():
         return None
     recorded = load_config(run_dir / "config.yaml", overrides)
-    changed = _changed_fields(recorded.model_dump(mode="json"), cfg.model_dump(mode="json"))
+    changed = [
+        path
+        for path, _, _ in config_differences(
+            recorded.model_dump(mode="json"), cfg.model_dump(mode="json")
+        )
+    ]
     print(f"{run_dir} holds a run: resuming it", file=sys.stderr)
     if changed:
         print(
@@ -70,17 +76,6 @@ def run_to_continue(config, overrides) -> Path | None:
             file=sys.stderr,
         )
     return run_dir
-
-
-def _changed_fields(recorded: dict, given: dict, prefix: str = "") -> list[str]:
-    out = []
-    for key in sorted(set(recorded) | set(given)):
-        a, b = recorded.get(key), given.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _changed_fields(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key}")
-    return out
 
 
 def nothing_left(cfg: G2RPOConfig, run_dir: Path) -> bool:
