@@ -9,19 +9,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from g2rpo.cli_one_node import add_one_node_arguments, one_node_config, parse_blocks
+
 
 def _cmd_bench_handoff(args: argparse.Namespace) -> int:
-    from g2rpo.common.config import load_config
-    from g2rpo.common.one_node import device_overrides
-
-    overrides = device_overrides(args.config, list(args.set), args.device)
-    cfg = load_config(args.config, overrides)  # a bad config says so before torch loads
+    cfg, _ = one_node_config(args)
+    blocks = parse_blocks(args)
     from g2rpo.benchmarks.handoff import bench_handoff, format_handoff
     from g2rpo.planning.doctor import random_weights_config
 
-    blocks = None
-    if args.blocks is not None:
-        blocks = tuple(int(x) for x in args.blocks.split(","))
     with tempfile.TemporaryDirectory(prefix="g2rpo-handoff-") as tmp:
         if args.random_weights is not None:
             # --work-dir keeps the pipeline for later checks (bin/gpu-check's next stages)
@@ -46,13 +42,7 @@ def add_handoff_parser(bench_sub) -> None:
         "onto its device and checks what it holds. Per step: seconds, host memory of each "
         "process, the worker's private growth against the version's size.",
     )
-    h.add_argument("config", help="run config (YAML), e.g. configs/flux_hps_8gpu.yaml")
-    h.add_argument("--set", action="append", default=[], metavar="a.b=c", help="override")
-    h.add_argument("--device", default=None, help="model.device for this check (e.g. cuda)")
-    h.add_argument(
-        "--random-weights", default=None, metavar="ARCH", help="as g2rpo doctor (flux1-dev, ...)"
-    )
-    h.add_argument("--blocks", default=None, metavar="DOUBLE,SINGLE", help="as g2rpo doctor")
+    add_one_node_arguments(h)
     h.add_argument(
         "--work-dir",
         default=None,

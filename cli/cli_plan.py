@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 
+from g2rpo.cli_one_node import add_one_node_arguments, one_node_config, parse_blocks
 from g2rpo.common.errors import UsageError
 
 
@@ -113,10 +114,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from g2rpo.common.config import load_config
-    from g2rpo.common.one_node import device_overrides
 
-    overrides = device_overrides(args.config, list(args.set), args.device)
-    cfg = load_config(args.config, overrides)  # a bad config says so before torch loads
+    cfg, overrides = one_node_config(args)
     from g2rpo.planning.doctor import random_weights_config, run_doctor
     from g2rpo.planning.doctor_report import format_report
 
@@ -129,22 +128,13 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
             cfg = load_config(args.config, [*overrides, f"rewards={rewards}"])
             print(f"g2rpo doctor: rewards={rewards} (from --scorers)", file=sys.stderr)
     host = _host_options(args, cfg)
-    blocks = None
-    if args.blocks is not None:
-        try:
-            double, single = (int(x) for x in args.blocks.split(","))
-        except ValueError:
-            msg = f"--blocks: expected DOUBLE,SINGLE such as 2,4, got {args.blocks!r}"
-            raise UsageError(msg) from None
-        blocks = (double, single)
+    blocks = parse_blocks(args)
     with tempfile.TemporaryDirectory(prefix="g2rpo-doctor-", dir=args.work_dir) as tmp:
         if args.random_weights is not None:
             print(
                 f"g2rpo doctor: building random {args.random_weights} weights ...", file=sys.stderr
             )
             cfg = random_weights_config(cfg, Path(tmp), args.random_weights, blocks)
-        elif blocks is not None:
-            raise UsageError("--blocks needs --random-weights")
         rep = run_doctor(cfg, args.config, args.scorers or None, not args.json, host)
     if args.json:
         print(json.dumps(rep.model_dump(), indent=2))
@@ -196,24 +186,7 @@ def add_doctor_parser(sub) -> None:
         "peak device memory beside the plan's estimate, NFE/s and MFU. Exit 0: every phase "
         "passed; 1: a phase failed (named, with the config field to look at); 2: bad input.",
     )
-    d.add_argument("config", help="run config (YAML)")
-    d.add_argument("--set", action="append", default=[], metavar="a.b=c", help="override")
-    d.add_argument("--device", default=None, help="model.device for this check (e.g. cuda)")
-    d.add_argument(
-        "--random-weights",
-        default=None,
-        metavar="ARCH",
-        help="random weights instead of model.pretrained: flux1-dev, sd35-medium or "
-        "qwen-image (the shipped FLUX.1-dev, SD3.5-Medium and Qwen-Image configs) or tiny (the "
-        "committed world's), saved in model.dtype to a temporary dir",
-    )
-    d.add_argument(
-        "--blocks",
-        default=None,
-        metavar="DOUBLE,SINGLE",
-        help="with --random-weights: the transformer's width with this many blocks (e.g. 2,4; "
-        "SD3 and Qwen-Image: LAYERS,0)",
-    )
+    add_one_node_arguments(d)
     d.add_argument(
         "--scorers",
         nargs="+",
