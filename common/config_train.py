@@ -189,6 +189,23 @@ class CheckpointsConfig(Section):
     )
 
 
+class OffloadConfig(Section):
+    """``train.offload``: what each side of a colocated pair (``train.placement:
+    colocated``) moves to the host while the other side has their GPU."""
+
+    learner: Literal["auto", "none", "optimizer", "all"] = Field(
+        "auto",
+        description="while the worker rolls out, the learner rank keeps on the host: none "
+        "(everything stays resident), optimizer (AdamW's moments only), all (fp32 weights, "
+        "gradients and moments); auto: the least that the plan says fits beside the rollout",
+    )
+    worker: Literal["auto", "none", "all"] = Field(
+        "auto",
+        description="while the learner updates, the worker keeps its transformer on the host "
+        "(all) or resident (none); auto: resident when the plan says it fits beside the update",
+    )
+
+
 class MemoryConfig(Section):
     """``train.memory``: the memory plan's check of a CUDA run (`g2rpo plan`)."""
 
@@ -358,6 +375,7 @@ class TrainConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig)
+    offload: OffloadConfig = Field(default_factory=OffloadConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     reward: RewardServiceConfig = Field(default_factory=RewardServiceConfig)
