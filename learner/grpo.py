@@ -11,6 +11,10 @@ and the PPO-clip loss is minimised. Optimizer steps:
   other published version, Σ_k mean_k / K; Flow-GRPO-style accumulation);
 * ``per_samples``: after every ``samples_per_step`` samples, every (sample, step)
   weighted equally (DanceGRPO/MixGRPO's gradient accumulation over samples).
+
+Within an optimizer step the states of every SDE step it holds go through the model
+together, in as few forwards as ``max_batch`` allows (``replay.py``: the one-gather
+replay; exact under ``accumulate``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
 
 import torch
 
@@ -35,8 +38,7 @@ from ..common.trajectories import Transitions
 from ..common.transformer_call import naming_backend
 from ..rollout_worker.engine import VelocityModel
 from .distributed import SINGLE, RankShare, gather_objects, sum_gradients, total_norm
-
-StepMode = Literal["per_sde_step", "accumulate", "per_samples"]
+from .replay import Replay, StepMode, optimizer_groups, replay_chunks
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ class UpdateStats:
     transitions: int
     nfe_learn: int  # sample forwards of the recompute (and of the KL reference)
     nfe_learn_no_grad: int  # those of them without a backward (the KL reference's)
+    # the policy's forward calls on one rank (padding passes included; the most of any
+    # rank): under FSDP2 each gathers every block, and its backward each block again
+    learner_calls: int
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -126,11 +131,13 @@ def grpo_update(
     reference_model: VelocityModel | None = None,
     kl_beta: float = 0.0,
     share: RankShare = SINGLE,
+    replay: Replay = "stacked",
 ) -> UpdateStats:
     """One iteration's policy update. ``advantages`` is the plan's flat advantage
     tensor; transition i uses advantages[transitions.adv_slot[i]]. In a learner
     group every rank calls this on the whole iteration and ``share`` picks the
-    states it recomputes; the returned stats are the group's."""
+    states it recomputes; the returned stats are the group's. ``replay``: how a
+    step's states are batched into forwards (``replay.replay_chunks``)."""
     if len(transitions) == 0:
         raise ValueError("no trained transitions in this rollout")
     if samples_per_step < 1:
@@ -139,19 +146,20 @@ def grpo_update(
         raise ValueError("kl_beta > 0 needs a reference_model")
     params = list(parameters)
     adv = advantages.reshape(-1)[transitions.adv_slot]
-    groups = _optimizer_groups(transitions, step_mode, samples_per_step)
+    groups = optimizer_groups(transitions, step_mode, samples_per_step)
     ref = reference_model if kl_beta > 0 else None
     chunk_loss = partial(_chunk_loss, model, transitions, cond, spec, adv, clip_range, ref, kl_beta)
 
     ratios, clipped, norms = [], [], []
     total_loss = total_kl = 0.0
-    nfe = nfe_no_grad = 0
+    nfe = nfe_no_grad = calls = 0
     optimizer.zero_grad(set_to_none=True)
     for group in groups:
         # Chunk by distinct states so memory stays bounded; losses are weighted by
         # their share of the whole group, so the gradient (summed over chunks and
         # ranks) equals the group mean.
-        for chunk in share.chunks(group, transitions.state_index, max_batch):
+        for chunk in replay_chunks(transitions, group, share, max_batch, replay):
+            calls += 1
             if chunk is None:
                 _padding_pass(model, ref, transitions, group[:1], cond, spec)
                 continue
@@ -177,10 +185,11 @@ def grpo_update(
     ratio = torch.cat(ratios) if ratios else torch.ones(0)
     clip = torch.cat(clipped).float() if clipped else torch.zeros(0)
     if share.world > 1:  # the group's numbers: every rank's ratios, sums of the rest
-        parts = gather_objects((ratio, clip, total_loss, total_kl, nfe, nfe_no_grad))
+        parts = gather_objects((ratio, clip, total_loss, total_kl, nfe, nfe_no_grad, calls))
         ratio = torch.cat([p[0] for p in parts])
         clip = torch.cat([p[1] for p in parts])
         total_loss, total_kl, nfe, nfe_no_grad = (sum(p[i] for p in parts) for i in (2, 3, 4, 5))
+        calls = max(p[6] for p in parts)
     return UpdateStats(
         loss=total_loss,
         ratio_mean=float(ratio.mean()),
@@ -194,6 +203,7 @@ def grpo_update(
         transitions=len(transitions),
         nfe_learn=nfe,
         nfe_learn_no_grad=nfe_no_grad,
+        learner_calls=calls,
     )
 
 
@@ -249,24 +259,3 @@ def _chunk_loss(model, transitions, cond, spec, adv, clip_range, reference, kl_b
         _, ref_mean, _ = recompute_log_probs(reference, transitions, rows, cond, spec)
     kl = kl_to_reference(mean, ref_mean, g.to(mean.device)).mean()
     return stats.loss + kl_beta * kl, stats, float(kl.detach())
-
-
-def _optimizer_groups(
-    transitions: Transitions, step_mode: StepMode, samples_per_step: int
-) -> list[torch.Tensor]:
-    """Transition rows of each optimizer step; the loss of a step is their mean."""
-    rows = torch.arange(len(transitions))
-    if step_mode == "accumulate":
-        return [rows]
-    if step_mode == "per_sde_step":
-        step_of_row = transitions.state_step[transitions.state_index]
-        return [rows[step_of_row == t] for t in torch.unique(step_of_row)]
-    if step_mode == "per_samples":
-        samples = torch.unique(transitions.adv_slot)
-        return [
-            rows[torch.isin(transitions.adv_slot, samples[lo : lo + samples_per_step])]
-            for lo in range(0, samples.numel(), samples_per_step)
-        ]
-    raise ValueError(
-        f"step_mode must be 'per_sde_step', 'accumulate' or 'per_samples', got {step_mode!r}"
-    )

@@ -13,11 +13,17 @@ from .advantages import plan_reward_terms
 from .batches import merge
 from .grpo import grpo_update
 from .objective import LearnerParts
+from .replay import Replay
 from .tree_pruning import chain_of_slot, width_pruned_rows
 
 
 class PolicyGradient:
-    """An objective with no state of its own: everything it needs is in the batches."""
+    """An objective with no state of its own: everything it needs is in the batches.
+    ``replay``: how an optimizer step's states go through the model (``replay.py``);
+    training stacks them, the per-step replay is the check's and the benchmark's."""
+
+    def __init__(self, replay: Replay = "stacked") -> None:
+        self.replay = replay
 
     def update(
         self, parts: LearnerParts, batches: list[Trajectories], advantages: torch.Tensor, lag: int
@@ -58,6 +64,7 @@ class PolicyGradient:
             kl_beta=parts.kl_beta,
             share=parts.share,
             max_batch=cfg.train.learner.max_batch,
+            replay=self.replay,
         ).as_dict()
         weights = cfg.reward_weights()
         terms = [
