@@ -5,65 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
+from g2rpo.cli_args import int_list
 from g2rpo.common.errors import UsageError
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-
-
-def _cmd_bench_engine(args: argparse.Namespace) -> int:
-    import torch
-    from g2rpo.benchmarks.rollout import bench_engine
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    result = bench_engine(
-        quick=args.quick,
-        device=args.device,
-        size=args.size,
-        dtype=args.dtype,
-        latent_size=args.latent_size,
-        num_steps=args.steps,
-        group_size=args.group_size,
-        sde_steps=args.sde_steps,
-        granularities=args.granularities,
-        terminal=args.terminal,
-        num_prompts=args.prompts,
-        max_batch=args.max_batch,
-        repeats=args.repeats,
-        progress=not args.json and sys.stderr.isatty(),
-        attention_backend=args.attention_backend,
-    )
-    if args.json:
-        print(json.dumps(result))
-    else:
-        s = result["settings"]
-        m = s["model"]
-        print(
-            f"G²RPO rollout, T={s['num_steps']} G={s['group_size']} k={s['sde_steps']} "
-            f"g={s['granularities']} terminal={s['terminal']} prompts={s['num_prompts']}\n"
-            f"model: {m['class']} ({m['preset']}) {m['parameters']:,} params, "
-            f"{m['image_tokens']} image tokens, {m['dtype']} on {s['device']}\n"
-            f"  batched  : {result['wall_batched_s']:.3f} s, {result['nfe_batched']} NFEs "
-            f"(expected {result['nfe_expected']}, unshared {result['nfe_unshared']}) "
-            f"in {result['model_calls_batched']} calls\n"
-            f"  reference: {result['wall_reference_s']:.3f} s, {result['nfe_reference']} NFEs\n"
-            f"  speedup {result['speedup']:.2f}x, parity max |Δ| {result['parity_max_abs']:.2e}\n"
-            f"  {result['flops_per_nfe'] / 1e9:.3f} GFLOP per NFE; engine "
-            f"{result['engine']['tflops']:.3f} TFLOP/s, raw forward at batch "
-            f"{result['raw_forward']['batch']} {result['raw_forward']['tflops']:.3f} TFLOP/s: "
-            f"engine = {result['engine_vs_raw_forward']:.0%} of the raw forward"
-            + (f", MFU {result['engine']['mfu']:.1%}" if result["engine"]["mfu"] else "")
-        )
-    return 0
 
 
 def _cmd_bench_reward(args: argparse.Namespace) -> int:
@@ -256,41 +200,9 @@ def _cmd_bench_health(args: argparse.Namespace) -> int:
 def add_bench_parsers(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="WHAT")
-    eng = bench_sub.add_parser(
-        "engine", help="batched tree engine vs the official-order reference loop"
-    )
-    eng.add_argument("--quick", action="store_true", help="one prompt, one repeat")
-    eng.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    eng.add_argument("--json", action="store_true", help="print one JSON object")
-    eng.add_argument(
-        "--size",
-        choices=["test", "bench", "gpu", "flux"],
-        default=None,
-        help="model preset (default: bench on cpu, gpu on cuda)",
-    )
-    eng.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
-    eng.add_argument(
-        "--latent-size",
-        type=int,
-        default=None,
-        help="latent height=width; tokens = (size/2)^2 (default 8 on cpu, 64 on cuda)",
-    )
-    eng.add_argument("--steps", type=int, default=16)
-    eng.add_argument("--group-size", type=int, default=12)
-    eng.add_argument("--sde-steps", type=int_list, default=None, help="e.g. 0,1,2,3")
-    eng.add_argument("--granularities", type=int_list, default=None, help="e.g. 1,2")
-    eng.add_argument("--terminal", choices=["exact", "reference"], default="exact")
-    eng.add_argument("--prompts", type=int, default=None)
-    eng.add_argument("--max-batch", type=int, default=256)
-    eng.add_argument("--repeats", type=int, default=None)
-    eng.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    eng.add_argument(
-        "--attention-backend",
-        choices=["auto", "flash", "efficient", "cudnn", "math"],
-        default="auto",
-        help="SDPA kernels (model.attention_backend)",
-    )
-    eng.set_defaults(func=_cmd_bench_engine)
+    from g2rpo.cli_bench_engine import add_engine_parser
+
+    add_engine_parser(bench_sub)
 
     rb = bench_sub.add_parser("reward", help="reward-server throughput and latency")
     rb.add_argument("--json", action="store_true")
@@ -406,3 +318,9 @@ def add_bench_parsers(sub) -> None:
     from g2rpo.cli_bench_handoff import add_handoff_parser
 
     add_handoff_parser(bench_sub)
+    from g2rpo.cli_bench_ipc_handoff import add_ipc_handoff_parser
+
+    add_ipc_handoff_parser(bench_sub)
+    from g2rpo.cli_bench_replay import add_replay_parser
+
+    add_replay_parser(bench_sub)

@@ -94,6 +94,33 @@ class ModelConfig(Section):
         "cuDNN's (its fused attention backward crashed a learner on an H100 with "
         "torch 2.11 / cuDNN 9.19); cudnn: cuDNN only; flash, efficient, math: that kernel only",
     )
+    compile: Literal["none", "blocks", "blocks_cuda_graphs"] = Field(
+        "none",
+        description="the rollout workers' transformer (never the learner's): none runs it "
+        "eagerly; blocks compiles each repeated transformer block with torch.compile "
+        "(regional compilation, diffusers' compile_repeated_blocks: one compile per block "
+        "class, shared by all its blocks, paid in the first rollout); blocks_cuda_graphs also "
+        "replays each block as a CUDA graph (torch.compile mode reduce-overhead): CUDA only",
+    )
+    rollout_attention_backend: Literal[
+        "same", "fastest", "auto", "flash", "efficient", "cudnn", "math"
+    ] = Field(
+        "same",
+        description="the SDPA kernels of the rollout workers' transformer: same is "
+        "model.attention_backend; fastest times every kernel forward-only at the rollout's "
+        "first attention shape on the worker's device (its GPU, or the CPU) and samples with "
+        "the fastest that runs; a name: that value of model.attention_backend. The learner "
+        "keeps model.attention_backend (its recompute then runs another kernel: rounding)",
+    )
+
+    @model_validator(mode="after")
+    def _cuda_graphs_on_cuda(self) -> ModelConfig:
+        if self.compile == "blocks_cuda_graphs" and not self.device.startswith("cuda"):
+            raise ValueError(
+                f"model.compile blocks_cuda_graphs: CUDA graphs exist on CUDA devices only and "
+                f"model.device is {self.device}: use model.compile blocks (or none) there"
+            )
+        return self
 
     @model_validator(mode="after")
     def _precision(self) -> ModelConfig:

@@ -13,11 +13,19 @@ combination."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any, ClassVar
 
 import torch
 
 from .transformer_call import compute_dtype, sdpa_backends, transformer_call
+from .transformer_compile import (
+    call_stance,
+    compile_blocks,
+    graphs_compiled,
+    mark_cuda_graph_step,
+    release_trace_references,
+)
 
 NEGATIVE = "negative_"  # the prefix of a cond key of the negative prompt's embeddings
 
@@ -28,7 +36,8 @@ def uses_cfg(guidance: float | None) -> bool:
 
 
 class TransformerVelocity:
-    """A transformer, the dtype its calls compute in, the SDPA backend they may use."""
+    """A transformer, the dtype its calls compute in, the SDPA backend they may use;
+    for a rollout (``for_rollout``), its compiled blocks and its measured kernel."""
 
     def __init__(
         self,
@@ -43,6 +52,23 @@ class TransformerVelocity:
         self.attention_backend = attention_backend
         sdpa_backends(attention_backend)  # an unknown backend is refused here, not at a call
         self.calls = 0
+        self.compile = "none"  # model.compile, set by for_rollout
+        self.measure_attention = False  # model.rollout_attention_backend fastest
+        self.attention_times: dict[str, float | None] | None = None  # seconds per kernel
+        self.attention_shape = None  # the AttentionShape they were timed at
+
+    def for_rollout(self, compile: str = "none", attention: str = "same"):
+        """This adapter as a rollout worker samples with it: its transformer's repeated
+        blocks compiled (``model.compile``) and its SDPA kernels
+        (``model.rollout_attention_backend``: same, fastest, or a backend name). The
+        learner's adapter never gets these. Returns self."""
+        if attention not in ("same", "fastest"):
+            sdpa_backends(attention)
+            self.attention_backend = attention
+        self.measure_attention = attention == "fastest"
+        compile_blocks(self.transformer, compile)
+        self.compile = compile
+        return self
 
     @property
     def device(self) -> torch.device:
@@ -54,8 +80,44 @@ class TransformerVelocity:
     def _forward(self, **inputs) -> torch.Tensor:
         """One transformer call; its prediction in float32."""
         self.calls += 1
+        if self.measure_attention and self.attention_times is None:
+            self._choose_attention(inputs)  # before a compiled block traces its kernel
+        if self.compile == "blocks_cuda_graphs":
+            mark_cuda_graph_step()
+        compiled = self.compile != "none"
+        graphs = graphs_compiled() if compiled else 0
+        with (
+            transformer_call(self.device, self._compute_dtype(), self.attention_backend),
+            call_stance() if compiled else nullcontext(),
+        ):
+            out = self.transformer(**inputs, return_dict=False)[0].to(torch.float32)
+        if compiled and graphs_compiled() != graphs:
+            release_trace_references()  # this call compiled: the offload must still swap
+        return out
+
+    def _choose_attention(self, inputs: dict) -> None:
+        """Time every SDPA kernel at this call's first attention shape and sample with
+        the fastest from here on (``attention_choice``)."""
+        from .attention_choice import fastest, first_attention_shape, time_kernels
+
         with transformer_call(self.device, self._compute_dtype(), self.attention_backend):
-            return self.transformer(**inputs, return_dict=False)[0].to(torch.float32)
+            shape = first_attention_shape(lambda: self.transformer(**inputs, return_dict=False))
+        self.attention_times = {} if shape is None else time_kernels(shape)
+        self.attention_shape = shape
+        if shape is not None:
+            self.attention_backend = fastest(self.attention_times)
+
+    def attention_record(self) -> dict:
+        """The rollout's SDPA kernels and, when measured, what chose them (for a bench's
+        or a doctor's JSON)."""
+        record: dict = {"attention_backend": self.attention_backend}
+        if self.attention_times is not None:
+            record["attention_ms"] = {
+                n: None if t is None else round(t * 1e3, 4) for n, t in self.attention_times.items()
+            }
+            if self.attention_shape is not None:
+                record["attention_shape"] = self.attention_shape.as_dict()
+        return record
 
 
 class GuidedVelocity(TransformerVelocity):

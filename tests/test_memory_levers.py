@@ -7,15 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from small_run import ONE_WORKER
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = [
-    f"model.pretrained={REPO / 'assets' / 'shapes-world' / 'pipeline'}",
-    "sampling.num_steps=6",
-    "sampling.sde_steps=[0, 2]",
-    "sampling.group_size=3",
-    "sampling.prompts_per_worker=2",
-    "train.workers.count=1",
+    *ONE_WORKER,
     "optim.step_mode=accumulate",  # one optimizer step: gradients compared before it
 ]
 PROMPTS = ["a red circle on a blue background", "a green square on a yellow background"]
