@@ -8,6 +8,7 @@ import time
 import ray
 
 from ..common.config import G2RPOConfig
+from ..common.ipc_handoff import HandoffResult
 from ..common.messages import PublishedWeights
 from ..common.weight_sync import WeightGroupMember, layout_of
 from ..common.weights import publishable, state_nbytes
@@ -98,6 +99,69 @@ class Learner(WeightGroupMember):
         self._step_aside()
         seconds = time.perf_counter() - t0
         return PublishedWeights(version, checksum, nbytes, seconds, ref=ref)
+
+    # -- train.placement colocated: the version handed to this rank's worker in the GPU
+
+    def device_identity(self) -> str | None:
+        """What this rank's worker compares to know they share a device (ipc_handoff)."""
+        from ..common.ipc_handoff import device_identity
+
+        return device_identity(self.cfg.model.device)
+
+    def handoff(self, worker, peer: dict | None) -> HandoffResult:
+        """Every rank: gather the current version on this rank's device and hand it to
+        ``worker`` (this rank's pair) as buckets of device memory, each freed for the next
+        only after the worker copied it out (``common/ipc_handoff.py``); then step aside.
+        ``peer``: the worker's ``handoff_peer()`` (None: it did not answer). A rank whose
+        worker is on another device, has no pipeline loaded yet (restarted) or fails
+        during the handoff still gathers every tensor (the group's collectives need
+        every rank) and says why in ``reason``: the driver loads that worker from the
+        object store."""
+        from dataclasses import replace
+
+        from ..common.timeouts import collective_timeout_s
+        from .handoff import hand_over
+
+        reason = self._cannot_hand_over(peer)
+        deliver = finish = None
+        if reason is None:
+            timeout = collective_timeout_s(self.cfg)
+
+            def deliver(message, _bucket):  # (the bucket itself stays here)
+                return ray.get(worker.take_bucket.remote(message), timeout=timeout)
+
+            def finish(checksum: str):
+                version = self.core.version
+                return ray.get(worker.finish_handoff.remote(version, checksum), timeout=timeout)
+
+        result, error = hand_over(self.core, deliver, finish)
+        self._step_aside()
+        if error is not None:
+            reason = f"the handoff failed: {type(error).__name__}: {str(error)[:300]}"
+        return replace(result, reason=reason)
+
+    def _cannot_hand_over(self, peer: dict | None) -> str | None:
+        if self.cfg.model.lora is not None:
+            return "a LoRA run's adapters go by the object store"
+        if peer is None:
+            return "the worker did not answer (restarting)"
+        if not peer.get("built"):
+            return "the worker has no pipeline loaded (restarted)"
+        mine = self.device_identity()
+        if mine is None or peer.get("device") != mine:
+            return f"the worker is on device {peer.get('device')}, this rank on {mine}"
+        return None
+
+    def put_version(self, version: int) -> PublishedWeights | None:
+        """Every rank: version ``version`` (the current one) put into the object store by
+        rank 0, for what the handoff does not reach (the evaluator, a worker restarted
+        during the rollout): gathered again on the host, as ``publish`` does."""
+        if self.core.version != version:
+            raise RuntimeError(
+                f"learner rank {self.rank} holds v{self.core.version}: v{version} was handed "
+                "over inside the GPUs only and is gone (train.placement colocated)"
+            )
+        return self.publish()
 
     def _step_aside(self) -> None:
         """Colocated (train.placement): once a version is published the rollout has the

@@ -117,6 +117,16 @@ class LearnerGroup:
         """The current weights, put into the object store by rank 0."""
         return self._call("publish")
 
+    def handoff(self, workers: list, peers: list) -> list:
+        """Colocated: rank i hands the current version to ``workers[i]`` inside their GPU
+        (``peers[i]``: that worker's ``handoff_peer()`` or None); every rank's answer."""
+        pairs = zip(self.ranks, workers, peers, strict=True)
+        return self._gather([r.handoff.remote(w, p) for r, w, p in pairs], "handoff")
+
+    def put_version(self, version: int) -> PublishedWeights:
+        """The current weights (``version``) put into the object store by rank 0."""
+        return self._call("put_version", version)
+
     def stage_weights(self) -> PublishedWeights:
         """The current weights, kept by rank 0 for a broadcast (with their layout)."""
         return self._call("stage_weights")

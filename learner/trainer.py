@@ -10,32 +10,34 @@ import torch
 
 from ..common.config import G2RPOConfig
 from ..common.config_algorithm import FORWARD_PROCESS
-from ..common.errors import ConfigError, RunDirError
+from ..common.errors import ConfigError
 from ..common.families import config_sampling_grid, family_class
 from ..common.flux_pipeline import latent_size
 from ..common.loaders import resolve_local_dir
-from ..common.lora import BaseModelVelocity, adapter_state, attach_lora, load_adapter_state
+from ..common.lora import BaseModelVelocity, adapter_state, attach_lora
 from ..common.paths import resolve_path
 from ..common.sde import noise_step_weights
 from ..common.seeds import seed_for
-from ..common.time_sharing import DeviceTurn, move_module, move_optimizer_state
+from ..common.time_sharing import (
+    HOST,
+    LEARNER_PARTS,
+    DeviceTurn,
+    HostMirror,
+    move_module,
+    move_optimizer_state,
+    synchronize,
+)
 from ..common.trajectories import Trajectories
 from ..common.transformer_call import checkpointing_func
 from ..common.weights import weights_checksum
 from .advantages import plan_advantages
-from .checkpoints import (
-    full_weights,
-    is_sharded_checkpoint,
-    load_full_into_shards,
-    load_full_weights,
-    load_sharded,
-    save_sharded,
-)
-from .distributed import SINGLE, RankShare, checkpoint_group, shard_transformer
+from .checkpoints import full_weights, load_full_weights
+from .core_state import SavedState
+from .distributed import SINGLE, RankShare, shard_transformer
 from .forward_process import ForwardProcess
 from .grpo import StepSpec
 from .objective import LearnerParts, Objective
-from .optimizer import adamw, keep_kernel
+from .optimizer import adamw
 from .policy_gradient import PolicyGradient
 
 
@@ -145,7 +147,7 @@ def learner_outside_ray(cfg: G2RPOConfig):
             leave_learner_group()
 
 
-class LearnerCore:
+class LearnerCore(SavedState):
     """The learner's state and update. In a learner group each rank holds one core
     (its process already joined the group); every method that gathers or reduces
     must then be called on every rank, and rank 0's answer is the group's.
@@ -211,8 +213,12 @@ class LearnerCore:
         )
         self.version = 0
         self.iteration = 0
-        # offload(): kept on the host while the rollout has the GPU
-        self.turn = DeviceTurn(cfg.model.device, self._move_to)
+        # offload(): what train.offload.learner keeps on the host while the rollout has
+        # the GPU, in host buffers allocated at the first offload and reused after
+        self.mirror = HostMirror(cfg.model.device)
+        self.turn = DeviceTurn(
+            cfg.model.device, self._move_to, LEARNER_PARTS[cfg.train.offload.learner]
+        )
 
     def _shard(self) -> None:
         """FSDP2 over the policy (and the KL reference): shard, then fill the shards
@@ -253,24 +259,35 @@ class LearnerCore:
             modules.append(self.reference.transformer)
         return modules
 
-    def _move_to(self, device: torch.device) -> None:
-        for module in self._held_modules():  # parameters, gradients and buffers
-            move_module(module, device)  # (FSDP2's sharded ones too: FSDPModule._apply)
-        move_optimizer_state(self.optimizer, device)
-        self.objective.to(device)
+    def _move_to(self, device: torch.device, parts: tuple[str, ...] = ("optimizer", "weights")):
+        """``parts`` to the host (``device`` is ``HOST``) or back onto ``device``: the
+        optimizer's moments (``optimizer``); the held modules' parameters, gradients and
+        buffers and an objective's own copy (``weights``). Returns once they are there."""
+        target = None if device == HOST else device
+        if "weights" in parts:
+            prefixes = ("", "reference.")  # the trained transformer, a KL reference's copy
+            for prefix, module in zip(prefixes, self._held_modules(), strict=False):
+                move_module(module, self.mirror, target, prefix)  # FSDP2's shards too
+            self.objective.to(device)
+        if "optimizer" in parts:
+            names = {id(p): n for n, p in self.transformer.named_parameters()}
+            move_optimizer_state(self.optimizer, self.mirror, target, names)
+        synchronize(self.turn.device)  # the copies were issued non_blocking
 
-    def offload(self) -> float:
-        """Colocated time-sharing (``train.placement``): everything this core keeps on
-        the device (weights, gradients, optimizer moments, the KL reference, an objective's
-        own copy) moves to the host and the device's cached blocks are freed, so the rollout
+    def offload(self, parts: tuple[str, ...] | None = None) -> float:
+        """Colocated time-sharing (``train.placement``): what ``train.offload.learner``
+        sends to the host (all: weights, gradients, optimizer moments, the KL reference, an
+        objective's own copy; optimizer: the moments; none: nothing) moves there (of
+        ``parts``, when given) and the device's cached blocks are freed, so the rollout
         worker beside it has the GPU; the next call that computes brings it back. Its
-        seconds (0 when there was nothing to move), also kept for the next update's row."""
-        return self.turn.offload()
+        seconds (0 when there was nothing to move); the turn's total is kept for the next
+        update's row."""
+        return self.turn.offload(parts)
 
-    def resident(self) -> float:
-        """Back on ``model.device`` after ``offload`` (a no-op otherwise): called by every
-        method that computes or gathers. Its seconds."""
-        return self.turn.resident()
+    def resident(self, parts: tuple[str, ...] | None = None) -> float:
+        """Back on ``model.device`` after ``offload`` (of ``parts``, when given; a no-op
+        otherwise): called by every method that computes or gathers. Its seconds."""
+        return self.turn.resident(parts)
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """What the learner publishes and checkpoints; in an FSDP group every rank
@@ -283,8 +300,10 @@ class LearnerCore:
     def weights(self) -> tuple[int, dict[str, torch.Tensor], str] | None:
         """(version, state, checksum) of the weights rollout workers load, in
         ``model.rollout_weights_dtype``; None on ranks other than 0 (which copy
-        nothing unless the weights are sharded, where every rank gathers)."""
-        self.resident()
+        nothing unless the weights are sharded, where every rank gathers). Only the
+        weights come back to the device for it (a restarted worker's version is gathered
+        again beside the other workers' rollouts; the moments stay on the host)."""
+        self.resident(("weights",))
         dtype = getattr(torch, self.cfg.model.rollout_weights_dtype)
         if self.sharded:
             # each rank casts its shards on its device, then they are gathered
@@ -332,95 +351,3 @@ class LearnerCore:
             stats["time/learner_offload_s"] = self.turn.offload_s
             stats["time/learner_onload_s"] = onload_s
         return stats
-
-    def state_dict(self) -> dict:
-        """A one-file checkpoint (a single learner, or a data-parallel rank 0)."""
-        state = {
-            "lora" if self.lora else "transformer": self.trained_state(),
-            "optimizer": self.optimizer.state_dict(),
-            "version": self.version,
-            "iteration": self.iteration,
-        }
-        state.update(self.objective.state())
-        return state
-
-    def save(self, path: str) -> None:
-        """A sharded group writes its shards (every rank); otherwise rank 0 writes
-        one file."""
-        self.resident()
-        if self.sharded:
-            meta = {"version": self.version, "iteration": self.iteration, "kind": "transformer"}
-            save_sharded(self.transformer, self.optimizer, path, meta, checkpoint_group())
-        elif self.share.rank == 0:
-            torch.save(self.state_dict(), path)
-
-    def load(self, path: str) -> int:
-        """Either checkpoint layout into this learner, whatever group wrote it (in a
-        sharded group a one-file checkpoint is read by rank 0 and broadcast)."""
-        self.resident()
-        if is_sharded_checkpoint(path):
-            if self.lora:
-                raise RunDirError(
-                    f"{path}: a sharded full-weight checkpoint; this run is a LoRA run (model.lora)"
-                )
-            meta = load_sharded(self.transformer, self.optimizer, path, checkpoint_group())
-            self.version, self.iteration = meta["version"], meta["iteration"]
-        elif self.sharded:
-            state = None
-            if self.share.rank == 0:
-                state = torch.load(path, map_location="cpu", weights_only=False)
-                self._check_kind(state)
-            self.version, self.iteration = load_full_into_shards(
-                self.transformer, self.optimizer, state, checkpoint_group()
-            )
-        else:
-            self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
-        keep_kernel(self.optimizer, self.cfg.optim, self.cfg.model.device)
-        return self.iteration
-
-    def _check_kind(self, state: dict) -> None:
-        key = "lora" if self.lora else "transformer"
-        if key not in state:
-            kind = "a LoRA" if self.lora else "a full-weight"
-            raise RunDirError(
-                f"checkpoint holds {sorted(k for k in state if k in ('lora', 'transformer'))}; "
-                f"this run is {kind} run (model.lora) and needs {key!r}"
-            )
-
-    def load_state_dict(self, state: dict) -> None:
-        """A one-file checkpoint into one learner or a data-parallel replica."""
-        self._check_kind(state)
-        if self.lora:
-            load_adapter_state(self.transformer, state["lora"])
-        else:
-            self.transformer.load_state_dict(state["transformer"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        keep_kernel(self.optimizer, self.cfg.optim, self.cfg.model.device)
-        self.version = state["version"]
-        self.iteration = state["iteration"]
-        self.objective.load(state)
-
-    def export(self, directory: str) -> str | None:
-        """Final weights in diffusers layouts: ``pytorch_lora_weights.safetensors``
-        (``FluxPipeline.load_lora_weights``) or ``transformer/`` (``from_pretrained``).
-        Every rank calls; rank 0 writes."""
-        self.resident()
-        from ..common.lora import save_lora_weights
-
-        full = full_weights(self.transformer) if self.sharded else None
-        if self.share.rank != 0:
-            return None
-        family = family_class(self.cfg)
-        if self.lora:
-            return str(save_lora_weights(self.transformer, directory, family.pipeline_class()))
-        out = Path(directory) / "transformer"
-        if full is None:
-            self.transformer.save_pretrained(out)
-        else:  # the gathered weights in a plain model, in the layout from_pretrained reads
-            # built on the meta device and given the gathered tensors themselves: no
-            # second copy of the weights, and no random initialisation to overwrite
-            with torch.device("meta"):
-                plain = family.transformer_class().from_config(self.transformer.config)
-            plain.load_state_dict(full, assign=True)
-            plain.save_pretrained(out)
-        return str(out)

@@ -7,6 +7,14 @@
   on first use and again whenever a worker was restarted; a broadcast that fails
   (a worker died in it) falls back to the object store for that version.
 
+* colocated pairs (``train.placement: colocated``): learner rank i hands the version to
+  rollout worker i inside their GPU (``common/ipc_handoff.py``: buckets of device memory
+  the worker maps through CUDA IPC handles, and copies into its transformer), every rank
+  gathering it; none of its bytes pass through host memory or the object store. A pair
+  that cannot (the worker on another device, restarted without its pipeline, failed in
+  the handoff; a LoRA run) loads from the object store, into which the group then puts
+  the version once (``IpcPublished.object_ref``).
+
 Either way every worker verifies the version and checksum it loaded, and a worker
 that dies or is stuck past ``train.workers.rollout_timeout_s`` is restarted by Ray and loads
 the version from the object store. The evaluator always loads from the object store
@@ -45,6 +53,10 @@ class Published:
     def load_on(self, actor):
         return actor.load_weights.remote(self.version, self.object_ref(), self.checksum)
 
+    def held_by(self, got: WeightsLoaded) -> bool:
+        """``got`` (a worker's answer) holds this version, as it was sent to it."""
+        return got.holds(self.version, self.checksum)
+
     def loaded_by_all(self, answers: list[WeightsLoaded]) -> None:
         """Each worker's answer checked; the slowest load added to ``push_s``."""
         for worker, answer in enumerate(answers):
@@ -67,7 +79,7 @@ def load_everywhere(
 
 
 def check_loaded(worker: int, got: WeightsLoaded, weights: Published) -> None:
-    if not got.holds(weights.version, weights.checksum):
+    if not weights.held_by(got):
         raise RuntimeError(
             f"worker {worker} loaded v{got.version} ({got.checksum}), "
             f"expected v{weights.version} ({weights.checksum})"
@@ -169,10 +181,103 @@ class CollectivePublisher:
         weights.loaded_by_all(answers)
 
 
+class IpcPublished(Published):
+    """A version handed over inside the pairs' GPUs (``weights.checksum``: its device
+    checksum). Its object-store copy is made only when an actor outside the handoff needs
+    it (the evaluator, a worker restarted during the rollout): the learner group puts its
+    current weights, still this version (colocated runs never overlap an update with a
+    rollout), and a worker loading that copy answers with its XXH3 checksum."""
+
+    def __init__(self, weights: PublishedWeights, group) -> None:
+        super().__init__(weights)
+        self.via, self._group = "ipc", group
+        self.store_checksum: str | None = None
+
+    def object_ref(self):
+        if self._ref is None:
+            stored = self._group.put_version(self.version)
+            self._ref, self.store_checksum = stored.ref, stored.checksum
+        return self._ref
+
+    def load_on(self, actor):
+        ref = self.object_ref()
+        return actor.load_weights.remote(self.version, ref, self.store_checksum)
+
+    def held_by(self, got: WeightsLoaded) -> bool:
+        return got.version == self.version and got.checksum in (self.checksum, self.store_checksum)
+
+
+class IpcPublisher:
+    """``train.placement: colocated``: each learner rank hands the version to its own
+    worker inside their GPU; the workers it could not reach load it from the object store."""
+
+    def __init__(self, actors: RunActors, timeout: float | None, restart_s: float) -> None:
+        self.actors, self.timeout, self.restart_s = actors, timeout, restart_s
+        self.fallbacks = 0  # worker loads that went by the object store instead
+        self.host_bytes = 0  # the last handoff's bytes between the processes (all pairs)
+
+    def publish(self) -> Published:
+        workers, group = self.actors.workers, self.actors.learner
+        results = group.handoff(workers, self._peers())
+        first = results[0]
+        seconds = max(r.seconds for r in results)
+        published = PublishedWeights(first.version, first.checksum, first.nbytes, seconds)
+        weights = IpcPublished(published, group)
+        self.host_bytes = sum(r.host_bytes for r in results)
+        answers, missed = {}, []
+        for i, r in enumerate(results):
+            if r.version != first.version or r.checksum != first.checksum:
+                raise RuntimeError(
+                    f"learner rank {i} gathered v{r.version} ({r.checksum}), rank 0 "
+                    f"v{first.version} ({first.checksum}): the ranks disagree on the weights"
+                )
+            if r.loaded is None:
+                missed.append(i)
+                print(
+                    f"weights v{first.version}: rollout worker {i} loads from the object store "
+                    f"({r.reason})",
+                    file=sys.stderr,
+                )
+            else:
+                answers[i] = r.loaded
+        for i in missed:  # a dead or stuck one is restarted by Ray and loads then
+            ref = weights.load_on(workers[i])
+            answers[i] = get_or_redo(ref, weights.load_on, workers[i], self.timeout, self.restart_s)
+        self.fallbacks += len(missed)
+        for i, answer in sorted(answers.items()):
+            check_loaded(i, answer, weights)
+        # the ranks handed over side by side: the slowest pair's wait, then the fallbacks'
+        weights.push_s += max((answers[i].seconds for i in missed), default=0.0)
+        return weights
+
+    def _peers(self) -> list:
+        """Each worker's ``handoff_peer()``, None for one that does not answer in time
+        (dead or restarting: it loads from the object store)."""
+        refs = [w.handoff_peer.remote() for w in self.actors.workers]
+        peers = []
+        for ref in refs:
+            try:
+                peers.append(ray.get(ref, timeout=self.timeout))
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                peers.append(None)
+        return peers
+
+    def counters(self) -> dict:
+        """For each iteration's row: worker loads that went by the object store instead
+        (all so far), and the last handoff's bytes between the processes (handles and
+        layouts: none of the version's)."""
+        return {
+            "weight_handoff_fallbacks": self.fallbacks,
+            "weight_handoff_host_bytes": self.host_bytes,
+        }
+
+
 def publisher_for(actors: RunActors, cfg):
     from ..common.timeouts import worker_start_timeout_s
 
     t, restart_s = cfg.train, worker_start_timeout_s(cfg)
+    if t.placement == "colocated" and cfg.model.lora is None:
+        return IpcPublisher(actors, t.workers.rollout_timeout_s, restart_s)
     if t.weights.transport == "collective":
         return CollectivePublisher(actors, t.workers.rollout_timeout_s, restart_s)
     return ObjectStorePublisher(actors, t.workers.rollout_timeout_s, restart_s)

@@ -179,6 +179,10 @@ class Doctor:
         with self.phase("evaluate", "rollout worker", needs=("rollout worker",)) as r:
             if r is not None:
                 self._evaluate(r)
+        if torch.device(cfg.model.device).type != "cpu":  # host<->device GB/s
+            from .doctor_transfer import host_copy_phase
+
+            host_copy_phase(self)
         if cfg.train.placement == "colocated":  # the pair's turns on one GPU
             from .doctor_colocated import colocated_phases
 
@@ -209,15 +213,20 @@ class Doctor:
 
     def _rollout(self, r: PhaseResult) -> None:
         cfg, worker = self.cfg, self.worker
-        self.prompts = self._prompts(
-            cfg.train.prompts, "train.prompts", cfg.sampling.prompts_per_worker
-        )
+        share = cfg.train.workers.prompt_shares(cfg.sampling.prompts_per_worker)[0]
+        self.prompts = self._prompts(cfg.train.prompts, "train.prompts", share)  # worker 0's
+        compile_s = None
+        if cfg.model.compile != "none":  # the first rollout compiles: time the second
+            t0 = time.perf_counter()
+            worker.sample(0, self.prompts)
+            compile_s = round(time.perf_counter() - t0, 3)
         parts: dict[str, float] = {}
         self.sampled = worker.sample(0, self.prompts, timings=parts)
         plan, cond, result, _ = self.sampled
         flops = self._flops_per_nfe(cond)
         engine_s = parts["engine_s"]  # NFE/s and MFU of the model calls, not of T5 or the VAE
         r.details = {
+            **({"first_rollout_with_compile_s": compile_s} if compile_s is not None else {}),
             "leaves": len(plan.leaves),
             "nfe": result.nfe,
             "model_calls": result.model_calls,

@@ -21,7 +21,10 @@ def device_name(device: str) -> str:
 def rates_from_report(cfg: G2RPOConfig, rep: DoctorReport, device: str) -> list[Rate]:
     """One row per rate the report's passed phases measured: the rollout's sample
     TFLOP/s, its VAE decodes' TFLOP/s (FLOPs counted for the config's VAE), its
-    seconds per prompt encoded, and the update's TFLOP/s (full fine-tune or LoRA)."""
+    seconds per prompt encoded, the update's TFLOP/s (full fine-tune or LoRA), and the
+    host copies' GB/s each way (pinned host memory where the device has it: what the
+    colocated offload copies through; the pageable rates stay in the report).
+    """
     from .calibration import model_key
     from .estimate import _latent_hw, architecture
     from .flop_trace import vae_decode_flops
@@ -65,6 +68,15 @@ def rates_from_report(cfg: G2RPOConfig, rep: DoctorReport, device: str) -> list[
         if d.get("encode_s"):
             prompts = cfg.sampling.prompts_per_worker
             add("encode_s_per_prompt", d["encode_s"] / prompts, f"{prompts} prompts")
+    copy = phases.get("host copy")  # (doctor_transfer.py) the offload's copies' rate
+    if copy is not None:
+        from .doctor_transfer import offload_kind
+
+        d = copy.details
+        kind = offload_kind(d["gbps"])
+        for way, name in (("d2h", "device to host"), ("h2d", "host to device")):
+            size = f"{d['bytes'] / 2**20:g} MiB"
+            add("host_copy_gbps", d["gbps"][kind][way], f"{kind} host memory, {name}, {size}")
     learn = phases.get("learn")
     if learn is not None and learn.details.get("tflops"):
         d = learn.details

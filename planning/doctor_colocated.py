@@ -4,12 +4,15 @@ device, which no CPU run can do (``DeviceTurn`` moves nothing on the CPU).
 
 - ``offload worker``: the worker's transformer to the host, as after its rollout (its
   text encoders and VAE stay);
-- ``handoff``: the new version gathered, then the rank steps aside: its fp32 shards,
-  gradients, AdamW moments (fused on CUDA) and any KL reference to the host, nothing
-  of it left on the device; the version crosses as it crosses Ray (NumPy views of one
-  object-store copy, ``common/shared_tensors.py``), verified and loaded into the
-  worker's host-side transformer;
-- ``rollout again``: the worker back on the device samples on that version;
+- ``handoff``: as a colocated rank publishes (``learner/handoff.py``): the moments to the
+  host where ``train.offload.learner`` sends them, the new version gathered on the device
+  bucket by bucket and copied into the worker's transformer, which comes back onto the
+  device for it, checked by its device checksum (``common/ipc_handoff.py``); then the rank
+  steps aside: what ``train.offload.learner`` sends to the host (all: fp32 shards,
+  gradients, AdamW moments, fused on CUDA, any KL reference), nothing of it left on the
+  device. One process here, so each bucket is handed over as itself, not through a CUDA
+  IPC handle (``g2rpo bench ipc-handoff`` runs the two processes);
+- ``rollout again``: the worker, on the device, samples on that version;
 - ``onload, learn``: the worker steps aside, the next update brings the learner's
   state back (``resident``) and steps AdamW on moments that moved; every tensor of the
   learner is on the device after.
@@ -19,7 +22,6 @@ left on the device, and this process's host memory (the offloaded state lands th
 
 from __future__ import annotations
 
-import pickle
 import time
 
 import numpy as np
@@ -38,18 +40,19 @@ def host_memory_gib() -> dict[str, float]:
     return {k: round(status[k] / GiB, 3) for k in ("VmRSS", "RssAnon", "RssShmem")}
 
 
-def learner_tensors(learner) -> list[torch.Tensor]:
-    """Every tensor a learner core keeps: the held modules' parameters, gradients and
-    buffers, and its optimizer's per-parameter state (AdamW's ``step`` counters aside:
+def learner_tensors(learner, parts=("optimizer", "weights")) -> list[torch.Tensor]:
+    """Every tensor a learner core keeps (of ``parts``, as ``train.offload.learner``
+    names them): the held modules' parameters, gradients and buffers (``weights``), and
+    its optimizer's per-parameter state (``optimizer``; AdamW's ``step`` counters aside:
     they stay where the optimizer keeps them)."""
     out: list[torch.Tensor] = []
-    for module in learner._held_modules():
+    for module in learner._held_modules() if "weights" in parts else ():
         for p in module.parameters():
             out.append(p)
             if p.grad is not None:
                 out.append(p.grad)
         out.extend(module.buffers())
-    for state in learner.optimizer.state.values():
+    for state in learner.optimizer.state.values() if "optimizer" in parts else ():
         out.extend(v for k, v in state.items() if torch.is_tensor(v) and k != "step")
     return [t.to_local() if hasattr(t, "to_local") else t for t in out]
 
@@ -57,21 +60,6 @@ def learner_tensors(learner) -> list[torch.Tensor]:
 def worker_tensors(worker) -> list[torch.Tensor]:
     transformer = worker.comps.transformer
     return [*transformer.parameters(), *transformer.buffers()]
-
-
-def through_object_store(state: dict) -> dict:
-    """``state`` as a worker receives it from the object store: pickled in its published
-    form (``common/weights.publishable``: the large tensors as NumPy arrays, out of
-    band), the buffers copied once (the store's copy), unpickled as read-only views of
-    that copy, which ``load_published`` hashes and loads from where they lie."""
-    from ..common.weights import publishable
-
-    buffers: list[pickle.PickleBuffer] = []
-    payload = pickle.dumps(publishable(state), protocol=5, buffer_callback=buffers.append)
-    store = [np.frombuffer(b.raw(), dtype=np.uint8).copy() for b in buffers]
-    for array in store:
-        array.flags.writeable = False  # as the store's pages are to a reader
-    return pickle.loads(payload, buffers=store)
 
 
 def _left_on_device(tensors, device: torch.device, who: str) -> float:
@@ -97,7 +85,9 @@ def colocated_phases(doctor) -> None:
             _handoff(doctor, r, device)
     with doctor.phase("rollout again", "rollout worker", needs=("handoff",)) as r:
         if r is not None:  # on the version handed over, the learner's state on the host
-            onload_s = doctor.worker.resident()
+            # (the transformer came back onto the device to take the version)
+            onload_s = doctor.worker.resident() + doctor.worker.onload_at_handoff_s
+            doctor.worker.onload_at_handoff_s = 0.0
             t0 = time.perf_counter()
             doctor.resampled = doctor.worker.sample(1, doctor.prompts)
             r.details = {
@@ -136,24 +126,33 @@ def _learn_after_onload(doctor, r, device: torch.device) -> None:
 
 
 def _handoff(doctor, r, device: torch.device) -> None:
-    """Publish as a colocated rank does: gather, step aside (offload, nothing left on
-    the device), the version through the object store into the worker's host copy."""
-    from ..common.weights import state_nbytes
+    """Publish as a colocated rank does (the module's docstring): the version handed
+    into the worker's transformer on the device, then the rank steps aside."""
+    from ..learner.handoff import hand_over
 
-    t0 = time.perf_counter()
-    version, state, checksum = doctor.learner.weights()
-    gather_s = time.perf_counter() - t0
-    offload_s = doctor.learner.offload()
-    _left_on_device(learner_tensors(doctor.learner), device, "the learner rank")
-    nbytes = state_nbytes(state)
-    received = through_object_store(state)
-    del state
-    host = host_memory_gib()
-    loaded = doctor.worker.load_weights(version, received, checksum)
+    learner, worker = doctor.learner, doctor.worker
+    result, error = hand_over(
+        learner,
+        lambda message, bucket: worker.take_bucket(message, bucket),
+        lambda checksum: worker.finish_handoff(learner.version, checksum),
+        in_process=True,
+    )
+    if error is not None:
+        raise error
+    learner.offload()
+    parts = learner.turn.offloaded
+    _left_on_device(learner_tensors(learner, parts), device, "the learner rank")
     r.details = {
-        "published_gib": round(nbytes / GiB, 3),
-        "gather_s": round(gather_s, 3),
-        "learner_offload_s": round(offload_s, 3),
-        "load_s": round(loaded.seconds, 3),
-        "host_gib_while_loading": host,
+        "published_gib": round(result.nbytes / GiB, 3),
+        "handoff_s": round(result.seconds, 3),
+        "gib_per_s": round(result.nbytes / GiB / max(result.seconds, 1e-9), 3),
+        "buckets": result.buckets,
+        "offload": {
+            "learner": ",".join(parts) or "none",
+            "worker": ",".join(worker.turn.offloaded) or "none",
+        },
+        "learner_offload_s": round(learner.turn.offload_s, 3),
+        "worker_onload_s": round(worker.onload_at_handoff_s, 3),
+        "load_s": round(result.loaded.seconds, 3),
+        "host_gib_while_loading": host_memory_gib(),
     }

@@ -73,6 +73,25 @@ class RolloutWorker(WeightGroupMember):
         loaded = self.core.load_weights(version, state, checksum)
         return replace(loaded, seconds=received_s + loaded.seconds)
 
+    # -- train.placement colocated: a version handed over inside the GPU by learner rank i
+
+    def handoff_peer(self) -> dict:
+        """What learner rank i checks before handing a version over inside the device:
+        the device this worker sees (``ipc_handoff.device_identity``) and whether its
+        pipeline is loaded (a restarted worker loads from the object store instead of
+        keeping the learner group waiting while it loads)."""
+        from ..common.ipc_handoff import device_identity
+
+        return {"device": device_identity(self.cfg.model.device), "built": self._core is not None}
+
+    def take_bucket(self, message) -> int:
+        """One bucket of the version (its handle, not its bytes): copied into the
+        transformer on the device; returns once the learner may reuse the bucket."""
+        return self.core.take_bucket(message)
+
+    def finish_handoff(self, version: int, checksum: str) -> WeightsLoaded:
+        return self.core.finish_handoff(version, checksum)
+
     def loaded(self) -> tuple[int, str | None]:
         return self.core.version, self.core.checksum
 
@@ -106,6 +125,11 @@ class RolloutWorker(WeightGroupMember):
         return os.getpid()
 
     def placement(self) -> dict:
+        """Where it runs, and the SDPA kernels its rollout uses (with their timings when
+        ``model.rollout_attention_backend: fastest`` measured them at the first call)."""
         from ..common.placement import where_am_i
 
-        return where_am_i()
+        info = where_am_i()
+        if self._core is not None:
+            info.update(self._core.model.attention_record())
+        return info

@@ -17,8 +17,16 @@ from ..common.messages import EvalSamples, RewardEndpoints, WeightsLoaded
 from ..common.paths import resolve_path
 from ..common.rollout_plan import RolloutPlan, algorithm_nfe
 from ..common.seeds import seed_for
-from ..common.time_sharing import DeviceTurn, move_module
+from ..common.time_sharing import (
+    HOST,
+    WORKER_PARTS,
+    DeviceTurn,
+    HostMirror,
+    move_module,
+    synchronize,
+)
 from ..common.trajectories import Trajectories
+from ..common.transformer_compile import check_placement
 from ..common.weights import load_published
 from ..reward_server.client import RewardClient
 from .engine import RolloutEngine, draw_noise
@@ -83,6 +91,7 @@ class RolloutWorkerCore:
         self.cfg, self.worker = cfg, worker
         if cfg.model.pretrained is None:
             raise ConfigError("model.pretrained: a local pipeline directory is needed for training")
+        check_placement(cfg.model.compile, cfg.train.placement)  # before a pipeline loads
         self.comps = family_class(cfg).load(
             resolve_path(cfg.model.pretrained),
             dtype=cfg.model.rollout_weights_torch_dtype(),
@@ -98,22 +107,32 @@ class RolloutWorkerCore:
             guidance=cfg.model.guidance,
             autocast_dtype=cfg.model.autocast_dtype(),
             attention_backend=cfg.model.attention_backend,
-        )
+        ).for_rollout(cfg.model.compile, cfg.model.rollout_attention_backend)
         self.grid = config_sampling_grid(cfg)
         self.version, self.checksum = 0, None
         self.client: RewardClient | None = None
         self.client_urls: tuple = ()
-        # offload(): the transformer on the host while the learner computes
+        # offload(): the transformer on the host while the learner computes (as
+        # train.offload.worker says), in host buffers allocated once and reused
+        self.mirror = HostMirror(cfg.model.device)
         self.turn = DeviceTurn(
-            cfg.model.device, lambda device: move_module(self.comps.transformer, device)
+            cfg.model.device, self._move_to, WORKER_PARTS[cfg.train.offload.worker]
         )
+        self._receiver = None  # a version being handed over inside the device (ipc_handoff)
+        self.onload_at_handoff_s = 0.0  # the transformer came back to take a version
+
+    def _move_to(self, device: torch.device, parts: tuple[str, ...]) -> None:
+        target = None if device == HOST else device
+        move_module(self.comps.transformer, self.mirror, target)
+        synchronize(self.turn.device)  # the copies were issued non_blocking
 
     def offload(self) -> float:
         """Colocated time-sharing (``train.placement``): the transformer's weights to the
-        host and the device's cached blocks freed, so the learner rank beside this
-        worker has the GPU. The text encoders and the VAE stay (a FLUX worker's residue:
-        ~10 GB of T5-XXL and CLIP in bf16). The next sampling brings the weights back; a
-        published version may be loaded into them meanwhile."""
+        host (``train.offload.worker`` all; none keeps them resident) and the device's
+        cached blocks freed, so the learner rank beside this worker has the GPU. The text
+        encoders and the VAE stay (a FLUX worker's residue: ~10 GB of T5-XXL and CLIP in
+        bf16). The next sampling or handoff brings the weights back; a version from the
+        object store may be loaded into them meanwhile."""
         return self.turn.offload()
 
     def resident(self) -> float:
@@ -128,6 +147,35 @@ class RolloutWorkerCore:
         )
         self.version, self.checksum = version, checksum
         return WeightsLoaded(version, checksum, time.perf_counter() - t0)
+
+    def take_bucket(self, message, bucket=None) -> int:
+        """One bucket of a version handed over inside the device (``common/ipc_handoff``):
+        copied into the transformer on the device, which comes back first if it waited
+        on the host, so none of the version's bytes pass through host memory.
+        ``bucket``: the sender's own, when it is this process (the doctor)."""
+        from ..common.ipc_handoff import BucketReceiver, device_identity
+
+        if self._receiver is None or self._receiver.version != message.version:
+            self._handoff_t0 = time.perf_counter()
+            self.onload_at_handoff_s += self.resident()  # (counted in the rollout's row)
+            targets = self.comps.transformer.state_dict()  # views of the weights
+            identity = device_identity(self.cfg.model.device)
+            self._receiver = BucketReceiver(message.version, targets, self.turn.device, identity)
+        return self._receiver.take(message, bucket)
+
+    def finish_handoff(self, version: int, checksum: str) -> WeightsLoaded:
+        """The handoff of ``version`` complete: what this worker holds, checked against
+        the sender's device checksum."""
+        from ..common.weights import WeightMismatch
+
+        receiver, self._receiver = self._receiver, None
+        if receiver is None or receiver.version != version:
+            raise WeightMismatch(f"weights v{version}: no bucket of it was handed over")
+        got = receiver.finish()
+        if got != checksum:
+            raise WeightMismatch(f"weights v{version}: checksum {got} != handed over {checksum}")
+        self.version, self.checksum = version, checksum
+        return WeightsLoaded(version, checksum, time.perf_counter() - self._handoff_t0)
 
     def _reward_client(self, rewards: RewardEndpoints) -> RewardClient:
         key = (tuple(rewards.urls), rewards.redis_url)
@@ -175,7 +223,7 @@ class RolloutWorkerCore:
         embeddings, RolloutResult, uint8 leaf images); the noise and the plan are
         drawn from (run seed, iteration, worker). ``timings``: see sample_on_pipeline."""
         gen = torch.Generator().manual_seed(seed_for(self.cfg.run.seed, iteration, self.worker))
-        plan = plan_for(self.cfg, iteration, gen)
+        plan = plan_for(self.cfg, iteration, gen, self.worker)  # its own prompt count
         if plan.num_prompts != len(prompts):
             raise ValueError(
                 f"worker {self.worker}: got {len(prompts)} prompts, plan needs {plan.num_prompts}"
@@ -184,7 +232,9 @@ class RolloutWorkerCore:
         return plan, cond, result, images
 
     def rollout(self, iteration: int, prompts: list[str], rewards: RewardEndpoints) -> Trajectories:
-        onload_s = self.resident()  # (its own seconds, not the rollout's)
+        # (its own seconds, not the rollout's; or the handoff's, which brought it back)
+        onload_s = self.resident() + self.onload_at_handoff_s
+        self.onload_at_handoff_s = 0.0
         t0 = time.perf_counter()
         plan, cond, result, images = self.sample(iteration, prompts)
         t1 = time.perf_counter()
@@ -204,9 +254,7 @@ class RolloutWorkerCore:
             "reward_requests": len(sent),
             "reward_request_bytes": max((r.body_bytes for r in sent), default=0),
         }
-        if self.cfg.train.placement == "colocated":  # the update has the GPU next
-            timings.update(onload_s=onload_s, offload_s=self.offload())
-        return self.trajectories(
+        batch = self.trajectories(
             iteration,
             prompts,
             plan,
@@ -215,6 +263,12 @@ class RolloutWorkerCore:
             response.scores,
             timings=timings,
         )
+        if self.cfg.train.placement == "colocated":  # the update has the GPU next
+            # after the batch left the device: the offload's empty_cache then frees its
+            # tensors' blocks too, and the moves never wait behind the batch's copies
+            del cond, result
+            batch.timings.update(onload_s=onload_s, offload_s=self.offload())
+        return batch
 
     def trajectories(
         self, iteration, prompts, plan, cond, result, scores, timings=None

@@ -1,6 +1,9 @@
 """The small training setting the Ray and learner tests share (committed world, 32-px
 images, a 6-step grid); a test file appends only what it changes."""
 
+import contextlib
+from pathlib import Path
+
 # one prompt per worker and iteration: the tests read counts and wiring, not learning, and a
 # second prompt per worker costs about 40 s over the suite (tests/test_learner_group.py keeps
 # two, for the ranks' split of a worker's prompts; tests/test_lora.py as many as it samples)
@@ -26,6 +29,18 @@ SMALL_RUN = [
     # over the tiny world's scaled 120 s once (CI, 2026-11-28). A bound: a start or a
     # restart that succeeds is waited for only as long as it takes
     "train.workers.start_timeout_s=600",
+]
+
+# one rollout worker of 2 prompts on the committed shapes world, 6 steps, SDE steps 0 and 2:
+# the in-process (no Ray) engine and learner tests
+SHAPES_WORLD = Path(__file__).resolve().parents[1] / "assets" / "shapes-world"
+ONE_WORKER = [
+    f"model.pretrained={SHAPES_WORLD / 'pipeline'}",
+    "sampling.num_steps=6",
+    "sampling.sde_steps=[0, 2]",
+    "sampling.group_size=3",
+    "sampling.prompts_per_worker=2",
+    "train.workers.count=1",
 ]
 
 # conftest's overlapped run (a 2-learner group), its weights broadcast by the workers'
@@ -102,3 +117,34 @@ def assert_stopped_with_checkpoint(log: str, run_dir) -> None:
     done = int(log.split("interrupted after iteration ")[1].split(";")[0])
     assert f"resume with: g2rpo train --resume {run_dir}" in log, log[-2000:]
     assert done >= 1 and (run_dir / "checkpoints" / f"it_{done:05d}.pt").is_file()
+
+
+@contextlib.contextmanager
+def formed_learner_and_workers(warm, cfg):
+    """A formed learner group and rollout workers 0 and 1 for ``cfg``, ready: the
+    session's kept ones where it has them (as a run takes them). Given back to the
+    session when the block passes, stopped when it raises."""
+    import ray
+    from g2rpo.orchestration.cluster import RunActors, new_learner_group
+    from g2rpo.orchestration.placement import learner_placement_group
+
+    t = cfg.train
+    warm.start_run()
+    options = t.ray_options(t.learner)
+    kept = warm.learner_group(cfg, options)
+    if kept is None:
+        pg = learner_placement_group(cfg)
+        ray.get(pg.ready(), timeout=60)
+        kept = new_learner_group(cfg, options, pg), pg
+    actors = RunActors(learner=kept[0], learner_pg=kept[1])
+    actors.workers = warm.rollout_workers(
+        cfg.model_dump(mode="json"), [0, 1], t.ray_options(t.workers)
+    )
+    try:
+        actors.learner.form()
+        ray.get(actors.learner.ready_refs() + [w.ready.remote() for w in actors.workers])
+        yield actors
+    except BaseException:
+        actors.stop()
+        raise
+    warm.keep(actors)

@@ -185,3 +185,86 @@ def test_colocated_time_sharing_leaves_the_waiting_side_nothing_on_the_device(me
             learner.trained_state().items(), reference.trained_state().items(), strict=True
         ):
             assert torch.equal(a, b), name
+
+
+def test_train_offload_moves_only_what_it_names():
+    """train.offload (issue 56): learner optimizer moves AdamW's moments and leaves the
+    weights on the device; worker none keeps the transformer resident (the turn still
+    frees the device's cache); the update after brings the moments back and equals one
+    that never moved. On 3bb9114 every offload moved everything (no such fields read)."""
+    from g2rpo.common.config import load_config
+    from g2rpo.common.time_sharing import device_bytes
+    from g2rpo.learner.trainer import LearnerCore
+    from g2rpo.reward_server.scorers.registry import make_scorer
+    from g2rpo.rollout_worker.worker import RolloutWorkerCore
+
+    over = [*SMALL, "train.placement=colocated", "train.learner.max_batch=64"]
+    cfg = load_config(
+        REPO / "configs" / "tiny.yaml",
+        [*over, "train.offload.learner=optimizer", "train.offload.worker=none"],
+    )
+    oracle = make_scorer("shapes_oracle")
+    with on_fake_gpu():
+        worker, learner, reference = RolloutWorkerCore(cfg, 0), LearnerCore(cfg), LearnerCore(cfg)
+        plan, cond, result, images = worker.sample(0, PROMPTS)
+        scores = {
+            "shapes_clip": oracle.score(images.numpy(), [PROMPTS[x.prompt] for x in plan.leaves])
+        }
+        batch = worker.trajectories(0, PROMPTS, plan, cond, result, scores)
+        assert worker.offload() == 0.0  # worker none: nothing moves
+        assert all(p.device.type == NAME for p in worker.comps.transformer.parameters())
+        learner.update([batch]), reference.update([batch])  # AdamW's moments exist now
+        assert learner.offload() > 0
+        moments = [v for s in learner.optimizer.state.values() for k, v in s.items() if k != "step"]
+        assert moments and device_bytes(moments, NAME) == 0  # on the host
+        weights = list(learner.transformer.parameters())
+        assert all(p.device.type == NAME for p in weights)  # still on the device
+        step = dataclasses.replace(batch, version=1)
+        stats, expected = learner.update([step]), reference.update([step])
+        assert stats["time/learner_onload_s"] > 0  # the moments came back
+        assert {k: v for k, v in stats.items() if not k.startswith("time")} == {
+            k: v for k, v in expected.items() if not k.startswith("time")
+        }
+
+
+def _device_bytes_outside(core) -> int:
+    """Bytes of live stand-in-device tensors that are not the pipeline's weights or
+    buffers (what a rollout leaves on the device: latents, transitions, embeddings)."""
+    import gc
+
+    from fake_accelerator import OnFakeGpu
+
+    gc.collect()
+    modules = [m for m in vars(core.comps).values() if isinstance(m, torch.nn.Module)]
+    held = {id(t) for m in modules for t in [*m.parameters(), *m.buffers()]}
+    return sum(
+        o.inner.numel() * o.inner.element_size()
+        for o in gc.get_objects()
+        if isinstance(o, OnFakeGpu) and id(o) not in held
+    )
+
+
+def test_a_colocated_worker_steps_aside_only_once_its_batch_left_the_device(scorer_url):
+    """Issue 56's small item: the worker offloaded (and emptied the device's cache)
+    before its trajectories were copied off the device, so the batch's device tensors
+    outlived the turn's cache release and the learner found their blocks still held.
+    At the offload no more of the stand-in device may be alive than before the rollout."""
+    from g2rpo.common.config import load_config
+    from g2rpo.common.messages import RewardEndpoints
+    from g2rpo.rollout_worker.worker import RolloutWorkerCore
+
+    cfg = load_config(REPO / "configs" / "tiny.yaml", [*SMALL, "train.placement=colocated"])
+    with on_fake_gpu():
+        worker = RolloutWorkerCore(cfg, 0)
+        alive_at_offload, offload = [], worker.offload
+
+        def offload_watched() -> float:
+            alive_at_offload.append(_device_bytes_outside(worker))
+            return offload()
+
+        worker.offload = offload_watched
+        before = _device_bytes_outside(worker)
+        batch = worker.rollout(0, PROMPTS, RewardEndpoints([scorer_url]))
+    assert len(alive_at_offload) == 1 and alive_at_offload[0] <= before, (before, alive_at_offload)
+    assert batch.timings["offload_s"] > 0  # the row still gets the turn's seconds
+    assert all(t.device.type == "cpu" for t in _tensors(batch))

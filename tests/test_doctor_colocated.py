@@ -7,17 +7,17 @@ it would on CUDA; bin/gpu-check runs the same phases at FLUX width on a GPU."""
 
 from pathlib import Path
 
+import pytest
 from fake_accelerator import NAME, on_fake_gpu
 
 REPO = Path(__file__).resolve().parents[1]
 COLOCATED = ["train.placement=colocated", "train.workers.count=1"]
 
 
-def _doctor(device: str):
+def _config(device: str):
     from g2rpo.common.config import load_config
-    from g2rpo.planning.doctor import run_doctor
 
-    cfg = load_config(
+    return load_config(
         REPO / "configs" / "tiny.yaml",
         [
             f"model.device={device}",
@@ -27,7 +27,12 @@ def _doctor(device: str):
             *COLOCATED,
         ],
     )
-    return run_doctor(cfg, "tiny", progress=False)
+
+
+def _doctor(device: str):
+    from g2rpo.planning.doctor import run_doctor
+
+    return run_doctor(_config(device), "tiny", progress=False)
 
 
 def test_the_colocated_turns_pass_with_every_move_made():
@@ -43,6 +48,22 @@ def test_the_colocated_turns_pass_with_every_move_made():
     assert handoff["host_gib_while_loading"]["RssAnon"] > 0
     assert phases["rollout again"].details["worker_onload_s"] > 0
     assert phases["onload, learn"].details["onload_s"] > 0
+    # issue 56: the version went into the worker's transformer on the device, bucket by
+    # bucket, checked by its device checksum (finish_handoff raises on a mismatch)
+    assert handoff["buckets"] >= 1 and handoff["gib_per_s"] > 0
+    assert handoff["offload"] == {"learner": "optimizer,weights", "worker": "transformer"}
+    # and the node's host<->device copy rate, both ways, as calibration rows
+    from g2rpo.planning.doctor_calibration import rates_from_report
+
+    copy = phases["host copy"].details
+    assert copy["offload_copies"] == "pageable"  # (pinned memory needs CUDA)
+    assert all(v > 0 for v in copy["gbps"]["pageable"].values())
+    rows = [
+        r for r in rates_from_report(_config(NAME), rep, NAME) if r.quantity == "host_copy_gbps"
+    ]
+    want = sorted(copy["gbps"]["pageable"].values())
+    assert sorted(r.value for r in rows) == pytest.approx(want, rel=1e-4)
+    assert {r.source for r in rows} == {"measured"} and len(rows) == 2
 
 
 def test_a_learner_that_keeps_a_tensor_on_the_device_fails_the_handoff(monkeypatch):
@@ -50,10 +71,10 @@ def test_a_learner_that_keeps_a_tensor_on_the_device_fails_the_handoff(monkeypat
 
     move = LearnerCore._move_to
 
-    def forgets_the_moments(self, device):  # the bug class: state left on the device
+    def forgets_the_moments(self, device, *parts):  # the bug class: state left on the device
         optimizer = self.optimizer
         state = {p: dict(s) for p, s in optimizer.state.items()}
-        move(self, device)
+        move(self, device, *parts)
         if device.type == "cpu":
             optimizer.state.update(state)
 

@@ -11,10 +11,9 @@ import time
 import pytest
 import ray
 from g2rpo.common.config import load_config
-from g2rpo.orchestration.cluster import RunActors, new_learner_group
-from g2rpo.orchestration.placement import learner_placement_group
+from g2rpo.orchestration.cluster import RunActors
 from g2rpo.orchestration.publishing import CollectivePublisher
-from small_run import SMALL_RUN
+from small_run import SMALL_RUN, formed_learner_and_workers
 
 # a training run, a Ray cluster or a service: `pytest -m 'not slow'` leaves it out
 pytestmark = pytest.mark.slow
@@ -49,21 +48,7 @@ def test_a_failed_broadcast_falls_back_and_the_group_is_formed_again(ray_local, 
             "train.collective_timeout_s=10",
         ],
     )
-    cfg_dict = cfg.model_dump(mode="json")
-    t = cfg.train
-    warm.start_run()
-    options = t.ray_options(t.learner)
-    kept = warm.learner_group(cfg, options)
-    if kept is None:
-        pg = learner_placement_group(cfg)
-        ray.get(pg.ready(), timeout=60)
-        kept = new_learner_group(cfg, options, pg), pg
-    actors = RunActors(learner=kept[0], learner_pg=kept[1])
-    actors.workers = warm.rollout_workers(cfg_dict, [0, 1], t.ray_options(t.workers))
-    passed = False
-    try:
-        actors.learner.form()
-        ray.get(actors.learner.ready_refs() + [w.ready.remote() for w in actors.workers])
+    with formed_learner_and_workers(warm, cfg) as actors:
         publisher = DeathBeforeBroadcast(actors, timeout=120, restart_s=300)
 
         first = publisher.publish()
@@ -78,12 +63,6 @@ def test_a_failed_broadcast_falls_back_and_the_group_is_formed_again(ray_local, 
         names = ray.get([w.weight_group.remote() for w in actors.workers])
         assert names == [publisher.name] * 2
         assert _holds(actors) == [(second.version, second.checksum)] * 2
-        passed = True
-    finally:
-        if passed:
-            warm.keep(actors)
-        else:
-            actors.stop()
 
 
 def test_rank0_keeps_the_versions_a_worker_may_load_each_held_once(ray_local):
