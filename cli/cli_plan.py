@@ -27,7 +27,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError(f"--calibration: {e}") from None
     text = [format_table(rep)]
     try:
-        rep["time"] = time_report(cfg, cal)
+        rep["time"] = time_report(cfg, cal, args.network, args.gpus_per_node)
         text.append(format_time(rep["time"]))
     except KeyError as e:  # no row of a rate for this device
         rep["time"] = {"error": e.args[0]}
@@ -45,7 +45,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from g2rpo.planning.layouts import format_search, search
 
         memory = gib if gib is not None else cfg.train.memory.gpu_memory_gib
-        found = search(cfg, args.gpus, memory, cal)
+        found = search(cfg, args.gpus, memory, cal, args.network, args.gpus_per_node)
         rep["layouts"] = [x.__dict__ for x in found]
         text.append(format_search(found, args.gpus))
     print(json.dumps(rep, indent=2, default=str) if args.json else "\n\n".join(text))
@@ -101,9 +101,19 @@ def add_plan_parsers(sub) -> None:
         type=int,
         default=8,
         metavar="N",
-        help="GPUs a node holds, for the host-memory section: each node's RAM per phase "
+        help="GPUs a node holds: whether the learner group spans nodes (--network), and the "
+        "host-memory section: each node's RAM per phase "
         "(load, rollout, publish, learn, checkpoint, export), object store and /dev/shm, "
         "with the actors laid out as the run's placement puts them (default 8)",
+    )
+    p.add_argument(
+        "--network",
+        choices=("nvlink", "ib", "tcp"),
+        default="ib",
+        help="the link BETWEEN nodes a learner group spanning several crosses (within a node "
+        "its ranks talk over NVLink): the FSDP2 traffic's seconds in the time estimate and in "
+        "every layout --gpus compares (GB/s: the calibration table's nvlink_gbps, ib_gbps, "
+        "tcp_gbps; default ib)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)

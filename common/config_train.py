@@ -21,46 +21,12 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
+from .config_actor import ActorResources
 from .config_guard import GuardConfig
+from .config_reward_service import RewardServiceConfig
 from .config_section import Section
-
-Resources = dict[str, float]
-
-
-class ActorResources(Section):
-    """What Ray reserves for each actor of one kind (one of ``train.workers``,
-    ``train.learner``, ``train.eval``, ``train.reward``)."""
-
-    num_cpus: float = Field(1.0, ge=0, description="CPUs Ray reserves for each actor")
-    num_gpus: float = Field(
-        0.0,
-        ge=0,
-        description="GPUs Ray reserves for each actor (a fraction packs actors onto one GPU)",
-    )
-    resources: Resources = Field(
-        default_factory=dict,
-        description="custom Ray resources each actor needs, name: amount (not CPU/GPU)",
-    )
-
-    def ray_options(self) -> dict:
-        """The options ``Actor.options(**...)`` takes for this kind of actor."""
-        return {
-            "num_cpus": self.num_cpus,
-            "num_gpus": self.num_gpus,
-            "resources": dict(self.resources),
-        }
-
-    @field_validator("resources")
-    @classmethod
-    def _resources(cls, v: Resources) -> Resources:
-        for name, amount in v.items():
-            if name in ("CPU", "GPU"):
-                raise ValueError(f"give {name} through the num_cpus/num_gpus fields, not resources")
-            if amount <= 0:
-                raise ValueError(f"{name}: amount must be > 0, got {amount}")
-        return v
 
 
 class WorkersConfig(ActorResources):
@@ -80,6 +46,39 @@ class WorkersConfig(ActorResources):
         "load its pipeline again before the run stops (None: scaled with the pipeline's size "
         "on disk, common/timeouts.py)",
     )
+    prompt_counts: list[int] | None = Field(
+        None,
+        description="prompts each worker rolls out per iteration, worker by worker (one "
+        "entry per worker, each >= 1), in place of sampling.prompts_per_worker for all: 16 "
+        "prompts on 7 workers are [3, 3, 2, 2, 2, 2, 2]. Each worker's rollout plan and "
+        "noise follow its own count; the learner ranks split the iteration's states "
+        "evenly whatever worker sampled them (None: sampling.prompts_per_worker each)",
+    )
+
+    @model_validator(mode="after")
+    def _one_count_per_worker(self) -> WorkersConfig:
+        counts = self.prompt_counts
+        if counts is None:
+            return self
+        if len(counts) != self.count:
+            raise ValueError(
+                f"train.workers.prompt_counts has {len(counts)} entries and "
+                f"train.workers.count is {self.count}: give one count per worker (or null, "
+                "for sampling.prompts_per_worker each)"
+            )
+        if min(counts) < 1:
+            raise ValueError(
+                f"train.workers.prompt_counts {counts}: every worker needs at least one "
+                "prompt (fewer workers, or null)"
+            )
+        return self
+
+    def prompt_shares(self, per_worker: int) -> list[int]:
+        """Each worker's prompts per iteration: ``prompt_counts``, else ``per_worker``
+        (``sampling.prompts_per_worker``) for every worker."""
+        if self.prompt_counts is not None:
+            return list(self.prompt_counts)
+        return [per_worker] * self.count
 
 
 class LearnerConfig(ActorResources):
@@ -234,101 +233,6 @@ class MetricsConfig(Section):
     )
 
 
-class RewardServiceConfig(ActorResources):
-    """``train.reward``: the reward service; num_cpus/num_gpus/resources per
-    job-started replica."""
-
-    urls: list[str] = Field(default_factory=list, description="static replica URLs")
-    redis_url: str | None = Field(None, description="discover replicas in this Redis")
-    replicas: int | None = Field(
-        None,
-        ge=0,
-        description="reward-server replicas the job starts as Ray actors "
-        "(None: 1 when no urls/redis_url are given, else 0)",
-    )
-    scorers: list[str] = Field(
-        default_factory=list,
-        description="NAME or NAME=LOCAL_DIR: what job-started replicas serve besides the "
-        "rewards; every held-out evaluation scores these too (a scorer not trained on is a "
-        "held-out reward: eval/drift/*), on whichever replicas serve the run",
-    )
-    token_env: str | None = Field(
-        None,
-        description="env var holding the reward servers' bearer token (at least 32 bytes: "
-        "`openssl rand -hex 32`); None: the job's replicas get a fresh one of their own",
-    )
-    redis_password_env: str | None = Field(
-        None,
-        description="env var holding the password of the Redis replicas register in "
-        "(redis_url, --redis-url); the value stays in memory, never in config.yaml",
-    )
-    tls_ca_file: str | None = Field(
-        None,
-        description="CA bundle (PEM) the driver and workers verify https:// reward servers "
-        "with (None: the system's CAs)",
-    )
-    tls_cert_file: str | None = Field(
-        None,
-        description="certificate (PEM) the job's replicas serve HTTPS with: a path on "
-        "every node they may run on, naming the nodes' addresses",
-    )
-    tls_key_file: str | None = Field(
-        None, description="private key of tls_cert_file, a path on the same nodes"
-    )
-    deadline_s: float = Field(
-        300.0,
-        gt=0,
-        description="a scoring request no replica answered by then fails the rollout share",
-    )
-    request_mib: float = Field(
-        32.0,
-        gt=0,
-        description="largest body of one scoring request a worker or the evaluator sends: a "
-        "rollout's leaves (193 images of 720² are 286 MiB) go as several requests of at most "
-        "this size, sent concurrently",
-    )
-    concurrency: int = Field(
-        4, ge=1, description="scoring requests one worker or the evaluator keeps in flight"
-    )
-    max_payload_mib: float = Field(
-        64.0,
-        gt=0,
-        description="request body limit of the replicas this job starts (`g2rpo reward-server "
-        "--max-payload-mib` for your own): at least train.reward.request_mib",
-    )
-
-    @model_validator(mode="after")
-    def _request_fits_replicas(self) -> RewardServiceConfig:
-        if self.request_mib > self.max_payload_mib:
-            raise ValueError(
-                f"train.reward.request_mib {self.request_mib:g} is over "
-                f"train.reward.max_payload_mib {self.max_payload_mib:g}: the job's replicas "
-                "would refuse every full request (raise max_payload_mib, or lower request_mib)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _certificate_with_its_key(self) -> RewardServiceConfig:
-        if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            given, missing = (
-                ("tls_cert_file", "tls_key_file")
-                if self.tls_key_file is None
-                else ("tls_key_file", "tls_cert_file")
-            )
-            raise ValueError(
-                f"train.reward.{given} is given without train.reward.{missing}: the job's "
-                "replicas need a certificate and its private key"
-            )
-        return self
-
-    def job_replicas(self, redis_url: str | None = None) -> int:
-        """Replicas the job starts: ``replicas``, or by default one only when no
-        external ones are given (``redis_url``: one passed on the command line)."""
-        if self.replicas is not None:
-            return self.replicas
-        return int(not (self.urls or self.redis_url or redis_url))
-
-
 class TrainConfig(Section):
     prompts: str = Field("shapes:train", description="'shapes:train' or a text file")
     image_size: int = Field(512, ge=16, description="generated images' side, in pixels")
@@ -381,6 +285,13 @@ class TrainConfig(Section):
     reward: RewardServiceConfig = Field(default_factory=RewardServiceConfig)
     guard: GuardConfig = Field(default_factory=GuardConfig)
 
+    @model_validator(mode="after")
+    def _reward_in_pairs(self) -> TrainConfig:
+        problem = in_pairs_problem(self)
+        if problem:
+            raise ValueError(problem)
+        return self
+
     def ray_options(self, kind: ActorResources) -> dict:
         """The options ``Actor.options(**...)`` takes for an actor of ``kind`` (one of
         this section's actor kinds): its resources, and ``env_vars`` as its runtime
@@ -389,6 +300,16 @@ class TrainConfig(Section):
         if self.env_vars:
             options["runtime_env"] = {"env_vars": dict(self.env_vars)}
         return options
+
+    def reward_bundles(self, redis_url: str | None = None) -> list[int]:
+        """The learner bundles (colocated pairs) that hold the job's reward replicas under
+        ``reward.in_pairs``: replica j in bundle j·pairs/replicas, spread over the pairs
+        and so over their nodes; none otherwise (``redis_url``: one given on the command
+        line, which makes the default replica count 0)."""
+        if not self.reward.in_pairs:
+            return []
+        replicas, pairs = self.reward.job_replicas(redis_url), self.learner.count
+        return [j * pairs // replicas for j in range(replicas)]
 
     def bundle_gpus(self) -> float:
         """GPUs each bundle of the learner group's placement group reserves: a colocated
@@ -439,5 +360,34 @@ def colocated_problem(t: TrainConfig) -> str | None:
         return (
             f"train.placement colocated: train.workers.num_gpus {w.num_gpus:g} + "
             f"train.learner.num_gpus {r.num_gpus:g} exceed the one GPU a bundle holds"
+        )
+    return None
+
+
+def in_pairs_problem(t: TrainConfig) -> str | None:
+    """Why ``train.reward.in_pairs`` cannot hold (None when it can, or is off): the
+    replicas go into the colocated pairs' bundles, one per bundle at most, and take a
+    share of the bundle's one GPU beside the pair's."""
+    r = t.reward
+    if not r.in_pairs:
+        return None
+    if t.placement != "colocated":
+        return (
+            "train.reward.in_pairs places the reward replicas in the colocated pairs' bundles: "
+            f"train.placement must be colocated, got {t.placement}"
+        )
+    replicas = r.job_replicas()
+    if not 1 <= replicas <= t.learner.count:
+        return (
+            f"train.reward.in_pairs: the job's {replicas} reward replicas (train.reward.replicas)"
+            f" must be between 1 and the {t.learner.count} pairs (train.learner.count), one "
+            "per pair at most"
+        )
+    shares = t.workers.num_gpus + t.learner.num_gpus + r.num_gpus
+    if shares > 1 + 1e-9:
+        return (
+            f"train.reward.in_pairs: train.workers.num_gpus {t.workers.num_gpus:g} + "
+            f"train.learner.num_gpus {t.learner.num_gpus:g} + train.reward.num_gpus "
+            f"{r.num_gpus:g} exceed the one GPU a pair's bundle holds (e.g. 0.45 + 0.45 + 0.1)"
         )
     return None

@@ -27,6 +27,7 @@ from .placement import (
     learner_placement_group,
     local_cluster_resources,
     ray_resources,
+    reward_placements,
     wait_group_placed,
     wait_placed,
 )
@@ -155,7 +156,11 @@ def start_actors(
         workers = warm.rollout_workers
         kept = warm.learner_group(cfg, learner_opts)
     try:
-        actors.rewards = RewardSource(cfg, redis_url)
+        if t.reward.in_pairs:  # the replicas go into the pairs' bundles: the group's first
+            actors.learner_pg = learner_placement_group(cfg)
+            wait_group_placed(actors.learner_pg, cfg, t.placement_timeout_s)
+        in_pairs = reward_placements(cfg, actors.learner_pg, redis_url)
+        actors.rewards = RewardSource(cfg, redis_url, in_pairs)
         if t.reward.job_replicas(redis_url) == 0:
             endpoints = actors.rewards.endpoints()
             check_scorers_served(
@@ -170,8 +175,9 @@ def start_actors(
         if kept is not None:
             actors.learner, actors.learner_pg = kept
         else:
-            actors.learner_pg = learner_placement_group(cfg)
-            wait_group_placed(actors.learner_pg, cfg, t.placement_timeout_s)
+            if actors.learner_pg is None:
+                actors.learner_pg = learner_placement_group(cfg)
+                wait_group_placed(actors.learner_pg, cfg, t.placement_timeout_s)
             actors.learner = new_learner_group(cfg, learner_opts, actors.learner_pg)
         if colocated:  # rollout worker i in bundle i, beside learner rank i
             actors.workers = [

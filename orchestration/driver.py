@@ -56,6 +56,18 @@ __all__ = ["read_metrics", "train"]
 CURVES_EVERY_S = 60.0
 
 
+def split_prompts(prompts: list[str], counts: list[int]) -> list[list[str]]:
+    """The iteration's prompts in consecutive shares of ``counts`` (worker i's is the
+    i-th; ``train.workers.prompt_counts``), every prompt in exactly one share."""
+    if sum(counts) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts cannot be split into shares of {counts}")
+    shares, start = [], 0
+    for n in counts:
+        shares.append(prompts[start : start + n])
+        start += n
+    return shares
+
+
 @dataclass
 class Step:
     """An iteration from the moment its update was sent to the learner group: what
@@ -182,9 +194,10 @@ class TrainingLoop:
     def launch_rollout(self, it: int, weights: Published) -> PendingRollout:
         """Each worker starts rolling out its share of the iteration's prompts (and
         scoring the leaves) with the weights it holds, ``weights``."""
-        P, workers = self.cfg.sampling.prompts_per_worker, self.actors.workers
-        prompts = prompts_for(self.train_prompts, self.cfg.run.seed, it, P * len(workers))
-        shares = [prompts[i * P : (i + 1) * P] for i in range(len(workers))]
+        workers = self.actors.workers
+        counts = self.cfg.train.workers.prompt_shares(self.cfg.sampling.prompts_per_worker)
+        prompts = prompts_for(self.train_prompts, self.cfg.run.seed, it, sum(counts))
+        shares = split_prompts(prompts, counts)
         rewards = self.actors.rewards.endpoints()
         calls = [w.rollout.remote(it, sh, rewards) for w, sh in zip(workers, shares, strict=True)]
         self.at("rollout", it)
@@ -439,6 +452,9 @@ def train(
         return run_dir
     cfg.model.check_trainable()  # before any actor loads a model
     refuse_misfit(cfg)  # a CUDA run that `g2rpo plan` says cannot fit stops here
+    from ..planning.offload_choice import with_offload_chosen
+
+    cfg = with_offload_chosen(cfg)  # train.offload auto: the plan's (config.yaml keeps auto)
     if resume is not None:
         checkpoint_to_resume(run_dir)  # a recorded checkpoint missing: stop before any actor
     t = cfg.train

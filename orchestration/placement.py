@@ -94,20 +94,37 @@ def learner_bundles(cfg: G2RPOConfig) -> list[dict[str, float]]:
     a single learner reserves just its share, so it may pack beside other actors.
     Colocated (``train.placement``), bundle i also holds rollout worker i: both kinds'
     CPUs and custom resources, and one whole GPU when either asks for a share of one
-    (Ray gives the two that same GPU, and no other bundle's rank can have it)."""
+    (Ray gives the two that same GPU, and no other bundle's rank can have it). With
+    ``train.reward.in_pairs`` the bundles of ``train.reward_bundles()`` also hold a reward
+    replica's CPUs and custom resources; its GPU share is of the bundle's one GPU."""
     t = cfg.train
     learner = t.learner
-    if t.placement == "colocated":
-        w = t.workers
-        custom = dict(learner.resources)
-        for name, amount in w.resources.items():
-            custom[name] = custom.get(name, 0.0) + amount
-        bundle = {"CPU": learner.num_cpus + w.num_cpus, "GPU": t.bundle_gpus(), **custom}
-    else:
-        bundle = {"CPU": learner.num_cpus, "GPU": t.bundle_gpus(), **learner.resources}
-    bundle = {name: float(amount) for name, amount in bundle.items() if amount > 0}
-    # a bundle cannot be empty: a learner asking for nothing still holds a sliver of CPU
-    return [bundle or {"CPU": 0.001} for _ in range(learner.count)]
+    hosts = set(t.reward_bundles())
+    out = []
+    for index in range(learner.count):
+        kinds = [learner]
+        if t.placement == "colocated":
+            kinds.append(t.workers)
+        if index in hosts:  # train.reward.in_pairs: this pair's replica too
+            kinds.append(t.reward)
+        bundle = {"CPU": sum(k.num_cpus for k in kinds), "GPU": t.bundle_gpus()}
+        for kind in kinds:
+            for name, amount in kind.resources.items():
+                bundle[name] = bundle.get(name, 0.0) + amount
+        bundle = {name: float(amount) for name, amount in bundle.items() if amount > 0}
+        # a bundle cannot be empty: a learner asking for nothing still holds a sliver of CPU
+        out.append(bundle or {"CPU": 0.001})
+    return out
+
+
+def reward_placements(cfg: G2RPOConfig, pg, redis_url: str | None = None) -> list[dict] | None:
+    """Each job-started reward replica's placement options in the learner group's
+    placement group ``pg`` (``train.reward.in_pairs``), else None (they go wherever
+    their resources are)."""
+    bundles = cfg.train.reward_bundles(redis_url)
+    if not bundles:
+        return None
+    return [in_bundle({}, pg, index) for index in bundles]
 
 
 def learner_placement_group(cfg: G2RPOConfig):

@@ -39,7 +39,13 @@ QUANTITIES = {
     "host_copy_gbps": "GB/s moving tensors between the device and the host, one direction",
     "object_store_gbps": "GB/s of a weight version through Ray's object store (put, get, load)",
     "broadcast_gbps": "GB/s of a weight version broadcast over the collective transport",
+    "ipc_copy_gbps": "GB/s of a version handed over inside one GPU (colocated: CUDA IPC "
+    "buckets copied into the worker's weights, both device checksums)",
     "checkpoint_gbps": "GB/s writing a checkpoint to the run directory",
+    # a ring collective's bus bandwidth: a rank's (n-1)/n x size bytes move at this rate
+    "nvlink_gbps": "GB/s bus bandwidth of the learner ranks' collectives within a node",
+    "ib_gbps": "GB/s bus bandwidth of the learner ranks' collectives across InfiniBand",
+    "tcp_gbps": "GB/s bus bandwidth of the learner ranks' collectives across TCP Ethernet",
 }
 COMPUTE = ("sample_tflops", "decode_tflops", "learn_tflops", "learn_lora_tflops", "score_tflops")
 

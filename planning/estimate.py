@@ -284,12 +284,19 @@ def _sampler(cfg, archs, name: str, rows: int, leaves: int, live_states: int) ->
 def rollout_worker(cfg: G2RPOConfig, archs) -> ActorPlan:
     from ..rollout_worker.plan import plan_for
 
-    plan = plan_for(cfg, 0, torch.Generator().manual_seed(0))
+    plan = plan_for(cfg, 0, torch.Generator().manual_seed(0), largest_share(cfg))
     leaves = len(plan.leaves)
     live = plan.num_roots + 3 * plan.num_noises + leaves  # noise table, recorded pairs
     out = _sampler(cfg, archs, "rollout worker", leaves, leaves, live)
     out.count, out.gpus = cfg.train.workers.count, cfg.train.workers.num_gpus
     return out
+
+
+def largest_share(cfg: G2RPOConfig) -> int:
+    """The rollout worker with the most prompts (``train.workers.prompt_counts``): its
+    rollout holds the most, so the plan is its."""
+    shares = cfg.train.workers.prompt_shares(cfg.sampling.prompts_per_worker)
+    return shares.index(max(shares))
 
 
 def evaluator(cfg: G2RPOConfig, archs) -> ActorPlan:
@@ -400,35 +407,6 @@ def reward_replica(cfg: G2RPOConfig) -> ActorPlan:
     )
 
 
-# what a colocated rollout worker keeps on the GPU while its learner rank updates
-# (rollout_worker/worker.py: only the transformer goes to the host)
-WORKER_RESIDUE = (
-    "VAE weights",
-    "CLIP text encoder weights",
-    "CLIP-G text encoder weights",
-    "T5 encoder weights",
-)
-
-
-def take_turns(worker: ActorPlan, learner: ActorPlan, gpu_memory: int) -> None:
-    """The colocated layout's per-phase budgets: rank i and worker i share one GPU in
-    turns, so each phase's peak is its active side's peak plus what the other leaves on
-    the device. The learner leaves none of its tensors (all go to the host), the worker
-    its text encoders and VAE; the GPU fits when both phases do."""
-    residue = {k: v for k, v in worker.parts.items() if k.startswith(WORKER_RESIDUE)}
-    worker.budget = gpu_memory
-    learner.budget = gpu_memory - sum(residue.values())
-    left = ", ".join(f"{k} {v / GiB:.1f}" for k, v in residue.items())
-    worker.notes.append(
-        "colocated: the rollout phase has the whole GPU (its learner rank waits on the host)"
-    )
-    learner.notes.append(
-        f"colocated: the learn phase has the GPU less the rollout worker's residue ({left} GiB)"
-    )
-    for a in (worker, learner):
-        a.notes.append("plus each process's CUDA context, which this plan does not count")
-
-
 def gpus_asked(cfg: G2RPOConfig) -> float:
     """What the config asks Ray for, in GPUs (compare a recipe's header with it); each
     rank of a learner group reserves whole GPUs (its placement bundle), and a colocated
@@ -440,7 +418,8 @@ def gpus_asked(cfg: G2RPOConfig) -> float:
         workers
         + t.learner.count * t.bundle_gpus()
         + (t.eval.num_gpus if t.eval.on_actor else 0.0)
-        + t.reward.job_replicas() * t.reward.num_gpus
+        # replicas in the pairs (train.reward.in_pairs) take shares of the pairs' GPUs
+        + (0.0 if t.reward.in_pairs else t.reward.job_replicas() * t.reward.num_gpus)
     )
 
 
@@ -470,7 +449,11 @@ def _plan(cfg: G2RPOConfig, gpu_memory: int) -> Plan:
             a.on_gpu = on_gpu
         a.budget = _gb_budget(cfg, a.gpus, gpu_memory)
     if cfg.train.placement == "colocated":
-        take_turns(actors[0], actors[1], gpu_memory)
+        from .pairs import take_turns
+
+        replica = next((a for a in actors if a.actor == "reward replica"), None)
+        in_pairs = replica if cfg.train.reward.in_pairs and replica and replica.on_gpu else None
+        take_turns(actors[0], actors[1], gpu_memory, in_pairs)
     return Plan(
         actors=actors, gpus_asked=gpus_asked(cfg), gpu_memory=gpu_memory, architecture=where
     )

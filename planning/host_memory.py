@@ -56,6 +56,7 @@ from .estimate import (
     TEXT_ENCODERS,
     _latent_hw,
     guided,
+    largest_share,
     latent_elements,
     parameter_counts,
     reward_scorer_names,
@@ -106,7 +107,8 @@ def _trajectory_bytes(cfg: G2RPOConfig, archs: dict) -> tuple[int, int]:
     prompt embeddings; the leaves' uint8 RGB images."""
     from ..rollout_worker.plan import plan_for
 
-    rollout = plan_for(cfg, 0, torch.Generator().manual_seed(0))
+    # the worker with the most prompts (train.workers.prompt_counts): the largest batch
+    rollout = plan_for(cfg, 0, torch.Generator().manual_seed(0), largest_share(cfg))
     latent = latent_elements(archs, _latent_hw(archs, cfg)) * 4
     prefixes = [
         (leaf.root, leaf.edges[: d + 1])
@@ -122,7 +124,7 @@ def _trajectory_bytes(cfg: G2RPOConfig, archs: dict) -> tuple[int, int]:
     per_prompt = text_tokens(cfg, archs) * tr["joint_attention_dim"]
     per_prompt += tr.get("pooled_projection_dim", text_tokens(cfg, archs))
     per_prompt *= _BYTES[cfg.model.dtype] * (2 if guided(cfg, archs) else 1)
-    batch = rows * latent + cfg.sampling.prompts_per_worker * per_prompt
+    batch = rows * latent + rollout.num_prompts * per_prompt
     images = len(rollout.leaves) * 3 * cfg.train.image_size**2
     return batch, images
 
@@ -185,10 +187,33 @@ def worker_host(cfg: G2RPOConfig, s: ModelSizes, actor: str, count: int, device_
     if actor == "rollout worker":
         out.phases["rollout"]["decoded images (uint8)"] = s.images
         out.phases["rollout"]["trajectory batch before its put"] = s.trajectory
-    if actor == "rollout worker" and cfg.train.placement == "colocated":
+    if actor == "rollout worker" and offloads(cfg, "worker") == "all":
         for phase in ("publish", "learn", "checkpoint", "export"):
             out.phases[phase]["transformer offloaded (colocated)"] = s.worker_transformer
     return out
+
+
+def offloads(cfg: G2RPOConfig, side: str) -> str | None:
+    """What ``side`` (learner, worker) of a colocated pair moves to the host
+    (``train.offload``, ``auto`` as the plan resolves it: planning/offload_choice.py; an
+    unresolved ``auto`` moves everything, as the actors then do); None when not colocated."""
+    if cfg.train.placement != "colocated":
+        return None
+    from .offload_choice import with_offload_chosen
+
+    chosen = getattr(with_offload_chosen(cfg).train.offload, side)
+    return "all" if chosen == "auto" else chosen
+
+
+def hands_over_on_device(cfg: G2RPOConfig) -> bool:
+    """A colocated full fine-tune's version goes from each rank's GPU to its worker's by
+    CUDA IPC (orchestration/publishing.py ``IpcPublisher``): nothing of it on the host or
+    in the object store, but for a fallback (a restarted worker, another device)."""
+    return (
+        cfg.train.placement == "colocated"
+        and cfg.model.lora is None
+        and cfg.model.device.startswith("cuda")
+    )
 
 
 def learner_state(cfg: G2RPOConfig, s: ModelSizes, sharded: bool, ranks: int) -> dict[str, int]:
@@ -228,7 +253,8 @@ def learner_host(cfg: G2RPOConfig, s: ModelSizes, rank0: bool, count: int, devic
     ph = out.phases
     trained = 4 * (s.adapters or s.params)  # a rank's whole trained state in float32
     if rank0:
-        ph["publish"]["gathered version (dropped before stepping aside)"] = s.version
+        if not hands_over_on_device(cfg):  # (by CUDA IPC it never reaches the host)
+            ph["publish"]["gathered version (dropped before stepping aside)"] = s.version
         if t.weights.transport == "collective":  # held from the first publish on
             staged = versions_kept(t.weights.staleness) * s.version
             for phase in PHASES[1:]:
@@ -254,8 +280,11 @@ def learner_host(cfg: G2RPOConfig, s: ModelSizes, rank0: bool, count: int, devic
     else:
         base = _BYTES[str(m.base_weights_dtype()).removeprefix("torch.")]
         ph["load"]["transformer read on the host before its move"] = s.params * base
-    if t.placement == "colocated":
+    mode = offloads(cfg, "learner")
+    if mode in ("optimizer", "all"):
         state = learner_state(cfg, s, sharded, t.learner.count)
+        if mode == "optimizer":  # AdamW's moments alone
+            state = {k: v for k, v in state.items() if k.startswith("AdamW")}
         for part, n in state.items():
             ph["rollout"][f"{part}, offloaded (colocated)"] = n
         # publish: rank 0 gathers with its state on the device, drops the version, then

@@ -43,6 +43,7 @@ from .host_memory import (
     PHASES,
     ProcessHost,
     driver_host,
+    hands_over_on_device,
     learner_host,
     model_sizes,
     reward_host,
@@ -162,14 +163,17 @@ def _layout(cfg: G2RPOConfig, gpus_per_node: int) -> list[dict[str, int]]:
             "(--gpus-per-node, or train.learner.placement_strategy PACK)"
         )
     node = None
+    hosts = t.reward_bundles()  # train.reward.in_pairs: the bundles holding a replica
     for rank in range(t.learner.count):
         kind = "learner rank 0" if rank == 0 else "learner rank"
         if strategy in ("SPREAD", "STRICT_SPREAD") or node is None:
             node = slots.new_node()
         where = [node] if strategy != "PACK" else list(range(node, len(slots.free)))
         node = slots.put(kind, bundle, where)
-        if colocated:  # the worker takes its share of its rank's bundle
-            slots.actors[node]["rollout worker"] = slots.actors[node].get("rollout worker", 0) + 1
+        beside = ["rollout worker"] if colocated else []  # their shares of the rank's bundle
+        beside += ["reward replica"] * hosts.count(rank)
+        for other in beside:
+            slots.actors[node][other] = slots.actors[node].get(other, 0) + 1
     if not colocated:
         for _ in range(t.workers.count):
             slots.put("rollout worker", t.workers.num_gpus)
@@ -178,7 +182,7 @@ def _layout(cfg: G2RPOConfig, gpus_per_node: int) -> list[dict[str, int]]:
     if t.eval.on_actor:
         slots.put("evaluator", t.eval.num_gpus)
     own: list[int] = []  # nodes offering train.reward.resources: the replicas' own
-    for _ in range(t.reward.job_replicas()):
+    for _ in range(0 if hosts else t.reward.job_replicas()):
         if not t.reward.resources:
             slots.put("reward replica", t.reward.num_gpus)
             continue
@@ -192,7 +196,11 @@ def _store(cfg: G2RPOConfig, s, actors: dict[str, int], workers_total: int) -> d
     w = cfg.train.weights
     out: dict[str, int] = {}
     kept = versions_kept(w.staleness)
-    if actors.get("learner rank 0"):
+    if actors.get("learner rank 0") and hands_over_on_device(cfg):
+        # handed over on the GPUs; the store holds a version only for a worker Ray
+        # restarted (or the evaluator), put when one needs it: sized for it all the same
+        out["a version for a restarted worker or the evaluator (1)"] = s.version
+    elif actors.get("learner rank 0"):
         versions = kept + 1 if w.transport == "object_store" else kept
         out[f"weight versions put by learner rank 0 ({versions})"] = versions * s.version
     elif actors.get("rollout worker") or actors.get("evaluator"):
@@ -255,7 +263,8 @@ def _node_gpus(cfg: G2RPOConfig, node: NodeHost) -> float:
     gpus = node.count("learner rank") * t.bundle_gpus()
     gpus += 0 if colocated else node.count("rollout worker") * t.workers.num_gpus
     gpus += node.count("evaluator") * t.eval.num_gpus
-    gpus += node.count("reward replica") * t.reward.num_gpus
+    if not t.reward.in_pairs:  # else shares of the pairs' bundles
+        gpus += node.count("reward replica") * t.reward.num_gpus
     return gpus
 
 

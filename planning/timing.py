@@ -9,8 +9,14 @@ rank's moves), and the checkpoint's and the evaluation's time spread over the
 iterations between them. An evaluator actor works beside the rollout: its time is
 reported, and only what it takes beyond its iterations counts.
 
-What is not modelled: text encoding beyond its per-prompt rate, FSDP's communication
-(the rates are one rank's), stragglers, Ray's scheduling, a cold start's model loading.
+FSDP2's communication between learner ranks (``communication.py``) is counted from its
+bytes per pass over the link the group crosses (NVLink within a node, ``--network``
+between nodes), the part no compute hides added to the learn phase, a sharded version's
+gather to the publish phase. A colocated pair's moves follow ``train.offload``: none for
+a side that keeps its tensors resident.
+
+What is not modelled: text encoding beyond its per-prompt rate, stragglers, Ray's
+scheduling, a cold start's model loading, collectives slowing the compute they overlap.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ from dataclasses import dataclass, field
 
 from ..common.config import G2RPOConfig
 from .calibration import Calibration, Looked, model_key
+from .communication import RATE, exposed_seconds, learner_traffic
 from .estimate import _latent_hw, architecture, gpus_asked, guided, parameter_counts
 from .flop_trace import SCORER_FLOPS, transformer_flops, vae_decode_flops
+from .host_memory import hands_over_on_device
 from .workload import dtype_bytes, workload
 
 GB = 1e9
@@ -35,6 +43,8 @@ class Timing:
     iterations: int
     gpus: float
     notes: list[str] = field(default_factory=list)
+    # the learner group's collectives: link, GB/s, GB per rank, seconds, seconds exposed
+    communication: dict = field(default_factory=dict)
 
     @property
     def iteration_s(self) -> float:
@@ -67,8 +77,44 @@ def scorer_flops(cfg: G2RPOConfig) -> float:
     return sum(SCORER_FLOPS.get(name, 0.0) for name in reward_scorer_names(cfg))
 
 
-def estimate_time(cfg: G2RPOConfig, cal: Calibration) -> Timing:
-    """Seconds per phase of one iteration of ``cfg`` at ``cal``'s rates."""
+def offload_modes(cfg: G2RPOConfig) -> tuple[str, str]:
+    """(learner, worker): what each side of a colocated pair keeps on the host while the
+    other has the GPU (``train.offload``), ``auto`` resolved as the run resolves it
+    (planning/offload_choice.py: the least offload whose every moment fits the pair's
+    GPU; ``all`` where it has nothing to choose)."""
+    o = cfg.train.offload
+    learner, worker = o.learner, o.worker
+    if "auto" in (learner, worker):
+        chosen = _auto_offload(cfg)
+        learner = chosen[0] if learner == "auto" else learner
+        worker = chosen[1] if worker == "auto" else worker
+    return learner, worker
+
+
+def _auto_offload(cfg: G2RPOConfig) -> tuple[str, str]:
+    from .offload_choice import resolve_offload
+
+    choice = resolve_offload(cfg)  # None: nothing to choose (a CPU run, disaggregated)
+    return ("all", "all") if choice is None else (choice.learner, choice.worker)
+
+
+def learner_moved_bytes(mode: str, trainable: int, frozen: int, ranks: int) -> int:
+    """Bytes one rank moves to the host (and back) per iteration under offload ``mode``:
+    AdamW's float32 moments (optimizer), or the float32 weights with them and a LoRA
+    run's frozen base (all). Gradients are freed after each step (set_to_none): none."""
+    if mode == "none":
+        return 0
+    moments = 8 * trainable // ranks
+    if mode == "optimizer":
+        return moments
+    return moments + 4 * trainable // ranks + frozen
+
+
+def estimate_time(
+    cfg: G2RPOConfig, cal: Calibration, network: str = "ib", gpus_per_node: int = 8
+) -> Timing:
+    """Seconds per phase of one iteration of ``cfg`` at ``cal``'s rates; a learner group
+    spanning nodes of ``gpus_per_node`` GPUs talks across ``network`` (nvlink, ib, tcp)."""
     archs, _ = architecture(cfg)
     t, m = cfg.train, cfg.model
     rate = _Rates(Calibration(cal.device, cal.rows, model_key(archs["transformer"])))
@@ -80,9 +126,18 @@ def estimate_time(cfg: G2RPOConfig, cal: Calibration) -> Timing:
     decode_flops = vae_decode_flops(archs["vae"], hw)
     lora = m.lora.model_dump() if m.lora is not None else None
     counts = parameter_counts("transformer", archs["transformer"], lora)
-    # a colocated pair moves its state between the device and the host (none on a CPU)
+    # a colocated pair moves its state between the device and the host (none on a CPU),
+    # each side as train.offload says
     moves = t.placement == "colocated" and cal.device != "cpu"
+    learner_offload, worker_offload = offload_modes(cfg)
     notes: list[str] = []
+    if moves:
+        o = t.offload
+        chosen = " (auto: the plan's choice)" if "auto" in (o.learner, o.worker) else ""
+        notes.append(
+            f"train.offload: learner {learner_offload}, worker {worker_offload}{chosen}: "
+            "moves counted only for a side that offloads"
+        )
 
     def sample_s(nfe: int, images: int) -> float:
         return nfe * nfe_flops / (rate("sample_tflops") * 1e12) + images * decode_flops / (
@@ -93,6 +148,8 @@ def estimate_time(cfg: G2RPOConfig, cal: Calibration) -> Timing:
     rollout_bytes = counts["total"] * dtype_bytes(m.rollout_weights_dtype or m.dtype)
     published = 4 * counts["adapters"] if lora else rollout_bytes
     transport = "broadcast_gbps" if t.weights.transport == "collective" else "object_store_gbps"
+    if hands_over_on_device(cfg):  # each rank's GPU to its worker's (publishing.IpcPublisher)
+        transport = "ipc_copy_gbps"
     phases = {"publish": published / (rate(transport) * GB)}
 
     # rollout: encode, sample, decode; the workers' slice of an evaluation; a colocated
@@ -108,18 +165,21 @@ def estimate_time(cfg: G2RPOConfig, cal: Calibration) -> Timing:
         evaluation = eval_work / t.workers.count / every
     if t.eval.every_nfe is not None and not t.eval.on_actor:
         notes.append("train.eval.every_nfe: the workers' evaluations are not counted")
-    if moves:
+    if moves and worker_offload == "all":
         rollout += 2 * rollout_bytes / (rate("host_copy_gbps") * GB)
     phases["rollout"] = rollout
     if evaluation:
         phases["evaluation (workers' slices, per iteration)"] = evaluation
 
     # reward: each worker's request bodies (raw 8-bit RGB) and the replicas' forwards
-    images = work.images_per_worker * t.workers.count
+    images = work.images_total
     body = 3 * t.image_size**2 * work.images_per_worker
     reward = body / (rate("reward_transfer_gbps") * GB)
     score = scorer_flops(cfg)
-    gpus = t.reward.job_replicas() * t.reward.num_gpus
+    # a replica in a pair (train.reward.in_pairs) scores on the pair's GPU while the
+    # pair's worker waits for its scores: the whole GPU, whatever share Ray counts
+    share = 1.0 if t.reward.in_pairs and t.reward.num_gpus > 0 else t.reward.num_gpus
+    gpus = t.reward.job_replicas() * share
     if score and gpus > 0:
         try:
             reward += images * score / (rate("score_tflops") * 1e12 * gpus)
@@ -146,11 +206,33 @@ def estimate_time(cfg: G2RPOConfig, cal: Calibration) -> Timing:
     )
     learn = flops / ranks / (rate("learn_lora_tflops" if lora else "learn_tflops") * 1e12)
     trainable = counts["adapters"] if lora else counts["total"]
-    state = (4 + 4 + 8) * trainable  # float32 weights, gradients, AdamW's two moments
-    if lora:
-        state += counts["total"] * dtype_bytes(m.dtype)  # the frozen base moves too
-    per_rank = state / (ranks if sharded_learner(cfg) else 1)
-    if moves:
+    sharded = sharded_learner(cfg)
+    communication: dict = {}
+    traffic = learner_traffic(cfg, work, counts, sharded, network, gpus_per_node)
+    if traffic is not None and traffic.learn:
+        try:
+            link = rate(RATE[traffic.link])
+        except KeyError as e:
+            notes.append(f"learn: {e.args[0]}: the learner group's communication is not counted")
+        else:
+            exposed = exposed_seconds(traffic, link, learn)
+            communication = {
+                "link": traffic.link,
+                "gbps": link,
+                "ranks": traffic.ranks,
+                "passes": work.learner_passes if sharded else 0,
+                "gb_per_pass": traffic.per_pass / GB,
+                "gb_per_rank": traffic.learn / GB,
+                "seconds": traffic.learn / (link * GB),
+                "exposed_s": exposed,
+                "compute_s": learn,
+            }
+            learn += exposed
+            if traffic.publish:  # rank 0's version is gathered from every rank's shards
+                phases["publish"] += traffic.publish / (link * GB)
+    frozen = counts["total"] * dtype_bytes(m.dtype) if lora else 0  # the base moves too
+    per_rank = learner_moved_bytes(learner_offload, trainable, frozen, ranks if sharded else 1)
+    if moves and per_rank:
         learn += 2 * per_rank / (rate("host_copy_gbps") * GB)
     phases["learn"] = learn
 
@@ -172,6 +254,7 @@ def estimate_time(cfg: G2RPOConfig, cal: Calibration) -> Timing:
         iterations=cfg.run.iterations,
         gpus=gpus_asked(cfg),
         notes=notes,
+        communication=communication,
     )
 
 
@@ -181,9 +264,11 @@ def default_device(cfg: G2RPOConfig) -> str:
     return "cpu" if cfg.model.device == "cpu" else "H200"
 
 
-def time_report(cfg: G2RPOConfig, cal: Calibration) -> dict:
+def time_report(
+    cfg: G2RPOConfig, cal: Calibration, network: str = "ib", gpus_per_node: int = 8
+) -> dict:
     """The estimate as plain data (``g2rpo plan``'s JSON and table)."""
-    tm = estimate_time(cfg, cal)
+    tm = estimate_time(cfg, cal, network, gpus_per_node)
     return {
         "device": tm.device,
         "phases_s": {k: round(v, 2) for k, v in tm.phases.items()},
@@ -195,6 +280,9 @@ def time_report(cfg: G2RPOConfig, cal: Calibration) -> dict:
         "gpu_hours": round(tm.gpu_hours, 1),
         "rates": [r.model_dump() for r in tm.rates],
         "notes": tm.notes,
+        "communication": {
+            k: round(v, 2) if isinstance(v, float) else v for k, v in tm.communication.items()
+        },
     }
 
 
@@ -209,6 +297,14 @@ def format_time(rep: dict) -> str:
         f"    {rep['iteration_s']:>9.1f} s  an iteration; {rep['iterations']} iterations: "
         f"{rep['run_hours']:.2f} h{gpus}"
     )
+    c = rep.get("communication")
+    if c:
+        per = f"{c['gb_per_pass']:.1f} GB a pass x {c['passes']} passes = " if c["passes"] else ""
+        lines.append(
+            f"    learner collectives over {c['link']} ({c['gbps']:g} GB/s), {c['ranks']} ranks: "
+            f"{per}{c['gb_per_rank']:.1f} GB per rank, {c['seconds']:.1f} s, of which "
+            f"{c['exposed_s']:.1f} s beyond the {c['compute_s']:.1f} s of compute that hides it"
+        )
     assumed = [r for r in rep["rates"] if r["basis"] != "measured" or r["note"]]
     if assumed:
         said = ", ".join(

@@ -32,7 +32,11 @@ def scorer_specs(cfg: G2RPOConfig) -> dict[str, str]:
 class RewardSource:
     """The reward endpoints of a run, handed to the rollout workers each iteration."""
 
-    def __init__(self, cfg: G2RPOConfig, redis_url: str | None) -> None:
+    def __init__(
+        self, cfg: G2RPOConfig, redis_url: str | None, placements: list[dict] | None = None
+    ) -> None:
+        """``placements``: each job replica's placement options beside its resources (a
+        learner bundle under train.reward.in_pairs: orchestration/placement.py)."""
         r = cfg.train.reward
         self.static_urls, self.redis_url = list(r.urls), redis_url or r.redis_url
         count = r.job_replicas(redis_url)
@@ -73,7 +77,7 @@ class RewardSource:
         on_gpu = r.num_gpus > 0 and cfg.model.device.startswith("cuda")
         device = "cuda" if on_gpu else "cpu"
         self.replicas = [
-            RewardReplica.options(**options).remote(
+            RewardReplica.options(**options, **(placements[i] if placements else {})).remote(
                 ",".join(specs.values()),
                 self.token,
                 register,
@@ -83,7 +87,7 @@ class RewardSource:
                 redis_password=self.redis_password if register else None,
                 tls=(r.tls_cert_file, r.tls_key_file) if r.tls_cert_file else None,
             )
-            for _ in range(count)
+            for i in range(count)
         ]
         self.replica_urls: list[str] = []
 

@@ -345,19 +345,24 @@ def mixgrpo_plan(
     )
 
 
-def plan_for(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan:
-    """The rollout plan of ``cfg.algorithm`` at a given iteration (cfg: G2RPOConfig),
-    its stochastic steps of ``cfg.sde_type()`` (the method's own SDE, or CPS)."""
-    plan = _method_plan(cfg, iteration, generator)
+def plan_for(cfg, iteration: int, generator: torch.Generator, worker: int = 0) -> RolloutPlan:
+    """The rollout plan of ``cfg.algorithm`` at a given iteration (cfg: G2RPOConfig) for
+    rollout worker ``worker``, whose share of the iteration's prompts it spans
+    (``train.workers.prompt_counts``, else ``sampling.prompts_per_worker``), its
+    stochastic steps of ``cfg.sde_type()`` (the method's own SDE, or CPS)."""
+    shares = cfg.train.workers.prompt_shares(cfg.sampling.prompts_per_worker)
+    if not 0 <= worker < len(shares):
+        raise ValueError(f"rollout worker {worker}: the run has {len(shares)} workers")
+    plan = _method_plan(cfg, iteration, generator, shares[worker])
     plan.sde_type = cfg.sde_type()
     plan.keep_means = cfg.optim.loss == "grpo_guard"
     plan.keep_leaves = cfg.algorithm.name in FORWARD_PROCESS
     return plan
 
 
-def _method_plan(cfg, iteration: int, generator: torch.Generator) -> RolloutPlan:
+def _method_plan(cfg, iteration: int, generator: torch.Generator, prompts: int) -> RolloutPlan:
     s, algo = cfg.sampling, cfg.algorithm
-    P, T, G = s.prompts_per_worker, s.num_steps, s.group_size
+    P, T, G = prompts, s.num_steps, s.group_size
     if algo.name == "g2rpo":
         o = algo.g2rpo
         per, choice, every = o.steps_per_iteration, o.step_choice, o.slide_every

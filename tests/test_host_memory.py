@@ -1,8 +1,8 @@
 """Host memory per node (issue 55): `g2rpo plan`'s host section gives each node's RAM
 per phase, object store and /dev/shm from the model's sizes and what the code holds on
 the host (planning/host_memory.py, host_nodes.py), and `g2rpo doctor` holds this
-machine against it. Known answers for flux_hps_8gpu (one node of 7 colocated pairs and
-the reward replicas) and flux_hps (a learner node, two worker nodes, a reward node),
+machine against it. Known answers for flux_hps_8gpu (one node of 8 colocated pairs, the
+reward replicas inside two) and flux_hps (a learner node, two worker nodes, a reward node),
 worked by hand below; none of this existed at 3bb9114."""
 
 import json
@@ -47,41 +47,55 @@ def gib(n: float) -> float:
 
 def test_flux_hps_8gpu_one_node_phase_by_phase():
     nodes = nodes_of("configs/flux_hps_8gpu.yaml")
-    assert list(nodes) == ["head", "node 1"]  # 7 pairs + 2 replicas on the 8th GPU
+    # 8 pairs, the 2 reward replicas inside two of them (train.reward.in_pairs)
+    assert list(nodes) == ["head", "node 1"]
     node = nodes["node 1"]
-    assert node.kinds() == {"learner rank": 7, "rollout worker": 7, "reward replica": 2}
+    assert node.kinds() == {"learner rank": 8, "rollout worker": 8, "reward replica": 2}
     assert node.gpus == 8
-    state = 4 * P // 7 + 8 * P // 7  # a rank's float32 shard + AdamW's moments: 19.00 GiB
-    # the store: learner rank 0's new version and the one the driver still holds, and the
-    # 7 workers' batches (2 prompts each): 2 x 22.168 + 7 x 0.108 = 45.09 GiB
-    store = 2 * V + 7 * batch(2)
+    # the version goes GPU to GPU (CUDA IPC): the store holds one only for a restarted
+    # worker or the evaluator, and the 8 workers' batches (2 prompts each):
+    # 22.168 + 8 x 0.108 = 23.03 GiB
+    store = V + 8 * batch(2)
     assert node.store_bytes == store
-    base = 16 * PROCESS + RAY  # 7 workers, 7 ranks, 2 replicas: 49 GiB
+    base = 18 * PROCESS + RAY  # 8 workers, 8 ranks, 2 replicas: 55 GiB
+    # train.offload auto resolves to none/none at 80 GiB (planning/offload_choice.py):
+    # nothing of either side waits on the host
     want = {
-        # 7 workers each read their bf16 transformer on the host (their largest
+        # 8 workers each read their bf16 transformer on the host (their largest
         # component), rank 0 reads the transformer in float32, the replicas their scorers;
-        # nothing published yet: 155.18 + 44.34 + 3.67 + 49 = 252.19
-        "load": 7 * V + 4 * P + 2 * HPS + base,
-        # the 7 ranks' states wait on the host, each worker holds its images and batch:
-        # 133.01 + 4.67 + 45.09 + 49 = 231.77
-        "rollout": 7 * state + 7 * (batch(2) + images(2)) + store + base,
-        # the 7 workers' transformers offloaded, ranks 1-6 stepped aside, rank 0 at its
-        # gathered version (larger than its state), the workers reading the store in
-        # place: 155.18 + 114.01 + 22.17 + 45.09 + 49 = 385.45
-        "publish": 7 * V + 6 * state + V + store + base,
-        "learn": 7 * V + store + base,  # the ranks on their GPUs: 249.27
-        # DCP stages a tensor at a time: a FLUX block's float32 shard on rank 0 (+0.18)
-        "checkpoint": 7 * V + store + base + 4 * 339_831_296 // 7,
-        "export": 7 * V + 4 * P + store + base,  # rank 0 gathers float32 weights: 293.61
+        # nothing published yet: 177.34 + 44.34 + 3.67 + 55 = 280.35
+        "load": 8 * V + 4 * P + 2 * HPS + base,
+        # each worker holds its images and batch: 5.34 + 23.03 + 55 = 83.37
+        "rollout": 8 * (batch(2) + images(2)) + store + base,
+        "publish": store + base,  # 78.03
+        "learn": store + base,
+        # DCP stages a tensor at a time: a FLUX block's float32 shard on rank 0 (+0.16)
+        "checkpoint": store + base + 4 * 339_831_296 // 8,
+        "export": 4 * P + store + base,  # rank 0 gathers float32 weights: 122.37
     }
     for phase, n in want.items():
         assert node.phase_bytes(phase) == n, phase
-    assert (node.peak_phase, gib(node.peak)) == ("publish", 385.45)
-    assert gib(node.shm_bytes) == gib(store + GiB)  # + NCCL's segments: 46.09
+    assert (node.peak_phase, gib(node.peak)) == ("load", 280.35)
+    assert gib(node.shm_bytes) == gib(store + GiB)  # + NCCL's segments: 24.03
     head = nodes["head"]  # the driver (1 GiB), Ray's head (2), an evaluation's images
     evaluation = 400 * 3 * 720**2
     assert head.phase_bytes("load") == 3 * GiB
     assert head.phase_bytes("rollout") == 3 * GiB + 2 * evaluation  # held + in the store
+
+
+def test_flux_hps_8gpu_offloading_everything_as_before_the_plan_chose():
+    node = nodes_of(
+        "configs/flux_hps_8gpu.yaml", "train.offload.learner=all", "train.offload.worker=all"
+    )["node 1"]
+    state = 4 * P // 8 + 8 * P // 8  # a rank's float32 shard + AdamW's moments: 16.63 GiB
+    store, base = V + 8 * batch(2), 18 * PROCESS + RAY
+    # the 8 ranks' states wait on the host while the workers roll out: 133.01 + 83.37
+    assert node.phase_bytes("rollout") == 8 * state + 8 * (batch(2) + images(2)) + store + base
+    # at the publish the workers' transformers wait too, and every rank has stepped aside
+    # (by CUDA IPC no rank holds a gathered version on the host): 177.34 + 133.01 + 78.03
+    assert node.phase_bytes("publish") == 8 * V + 8 * state + store + base
+    assert node.phase_bytes("learn") == 8 * V + store + base  # 255.37
+    assert (node.peak_phase, gib(node.peak)) == ("publish", 388.39)
 
 
 def test_flux_hps_learner_worker_and_reward_nodes():
@@ -120,9 +134,9 @@ def test_plan_prints_and_carries_the_host_section(capsys):
     assert host["phases"] == ["load", "rollout", "publish", "learn", "checkpoint", "export"]
     node = host["nodes"][1]
     assert (node["peak_gib"], node["peak_phase"], node["object_store_gib"]) == (
-        385.45,
-        "publish",
-        45.09,
+        280.35,
+        "load",
+        23.03,
     )
     assert main(["plan", str(REPO / "configs/flux_hps.yaml")]) == 0
     out = capsys.readouterr().out
@@ -140,8 +154,9 @@ def test_pack_spreads_the_colocated_pairs_of_flux_hps_16gpu_over_two_nodes():
         "rollout worker": 7,
         "reward replica": 2,
     }
-    # only rank 0's node keeps the put versions; node 2's workers read a copy of one
-    assert nodes["node 1"].store_bytes - nodes["node 2"].store_bytes == V
+    # the versions go GPU to GPU (CUDA IPC); each node's store is sized for the one a
+    # worker Ray restarted there loads (rank 0's put, node 2's copy of it)
+    assert nodes["node 1"].store_bytes == nodes["node 2"].store_bytes == V + 15 * batch(1)
 
 
 # ------------------------------------------------------------------- g2rpo doctor
@@ -163,7 +178,7 @@ def doctor(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_doctor_fails_a_node_short_of_memtotal_and_passes_one_that_fits():
-    """This machine (24 GiB on the CI's) against flux_hps_8gpu's one node (385 GiB):
+    """This machine (24 GiB on the CI's) against flux_hps_8gpu's one node (416 GiB):
     the host phase fails naming MemTotal, by how much and the setting; the tiny world
     fits it; an object store given too small is named with Ray's setting."""
     from g2rpo.planning.doctor_host import mem_total
@@ -177,7 +192,7 @@ def test_doctor_fails_a_node_short_of_memtotal_and_passes_one_that_fits():
     short = (need - mem_total()) / GiB
     assert f"MemTotal {mem_total() / GiB:.1f} GiB is short" in phase["error"]
     assert f"by {short:.1f} GiB" in phase["error"] and "memory limit" in phase["error"]
-    assert phase["details"]["need_gib"] == 385.45
+    assert phase["details"]["need_gib"] == 280.35
     fits = doctor("configs/tiny.yaml")
     assert fits.returncode == 0, fits.stdout[-2000:] + fits.stderr[-2000:]
     (phase,) = json.loads(fits.stdout)["phases"]

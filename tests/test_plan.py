@@ -429,22 +429,30 @@ def test_a_shipped_trace_equals_a_fresh_trace(monkeypatch, tmp_path):
 
 def test_colocated_pairs_are_planned_phase_by_phase():
     """configs/flux_hps_8gpu.yaml (train.placement colocated): the rollout phase has the
-    whole GPU (the learner rank waits on the host); the learn phase has it less what the
-    worker keeps there (its text encoders and VAE). One GPU per pair, not a share each."""
+    whole GPU (the learner rank waits on the host) less the reward replica in the pair
+    (train.reward.in_pairs); the learn phase has it less what the worker keeps there (its
+    text encoders and VAE) and the replica. One GPU per pair, not a share each."""
     from g2rpo.planning.check import report
-    from g2rpo.planning.estimate import WORKER_RESIDUE
+    from g2rpo.planning.pairs import WORKER_RESIDUE
 
     rep = report(load_config(ROOT / "configs" / "flux_hps_8gpu.yaml"), 80)
-    worker, learner = (next(a for a in rep["actors"] if a["actor"] == n) for n in _PAIR)
+    worker, learner, replica = (
+        next(a for a in rep["actors"] if a["actor"] == n) for n in (*_PAIR, "reward replica")
+    )
     residue = sum(v for k, v in worker["parts_gib"].items() if k.startswith(WORKER_RESIDUE))
     assert 9 < residue < 10  # T5-XXL and CLIP in bf16, the VAE in float32
-    assert worker["budget_gib"] == 80 and learner["budget_gib"] == pytest.approx(
-        80 - residue, abs=0.02
-    )
-    assert rep["fits"] and rep["gpus_asked"] == 8  # 7 pairs + the reward replicas' GPU
+    scorer = replica["peak_gib"]  # HPS-v2.1's ViT-H in bf16 and a scoring batch
+    assert 2.8 < scorer < 2.9
+    assert worker["budget_gib"] == pytest.approx(80 - scorer, abs=0.02)
+    assert learner["budget_gib"] == pytest.approx(80 - residue - scorer, abs=0.02)
+    assert rep["fits"] and rep["gpus_asked"] == 8  # 8 pairs, the replicas inside two
     # the same pair apart, each on its half of a GPU: the worker no longer fits
     apart = report(
-        load_config(ROOT / "configs" / "flux_hps_8gpu.yaml", ["train.placement=disaggregated"]), 80
+        load_config(
+            ROOT / "configs" / "flux_hps_8gpu.yaml",
+            ["train.placement=disaggregated", "train.reward.in_pairs=false"],
+        ),
+        80,
     )
     assert not next(a for a in apart["actors"] if a["actor"] == "rollout worker")["fits"]
 

@@ -84,16 +84,17 @@ def test_shipped_recipes_are_timed_phase_by_phase():
     cal = calibration("H200")
     eight = estimate_time(load_config(REPO / "configs/flux_hps_8gpu.yaml"), cal)
     sixteen = estimate_time(load_config(REPO / "configs/flux_hps_16gpu.yaml"), cal)
-    for tm in (eight, sixteen):
+    for tm, link in ((eight, "nvlink_gbps"), (sixteen, "ib_gbps")):
         assert set(tm.phases) >= {"publish", "rollout", "reward", "learn", "checkpoint"}
         assert tm.iteration_s == pytest.approx(sum(tm.phases.values()))
         assert tm.gpu_hours == pytest.approx(tm.iteration_s * 301 * tm.gpus / 3600)
         used = {r.quantity: r for r in tm.rates}
         assert used["sample_tflops"].basis == "measured"
-        assert used["host_copy_gbps"].basis == "assumed"  # said, not hidden
+        # said, not hidden: the learner group's link (one node, or two over InfiniBand)
+        assert used[link].basis == "assumed"
     assert (eight.gpus, sixteen.gpus) == (8, 16)
-    # 14 prompts on 7 workers vs 16 on 15 workers (one prompt each, one worker two):
-    # a worker's rollout is its 2 prompts either way, the learner's share is smaller
+    # 16 prompts on 8 pairs (2 each) vs 15 on 15 pairs (1 each): the learner's share of
+    # the states is smaller on 15 ranks
     assert sixteen.phases["learn"] < eight.phases["learn"]
     # the rollout is 3,104 NFEs of 37.3 TFLOP at the H200's measured ~365 TFLOP/s
     nfe = 3104 * 37.28e12 / (cal.rate("sample_tflops").value * 1e12)
@@ -116,9 +117,12 @@ def test_plan_prints_hours_and_picks_a_layout_for_8_gpus():
     rep = json.loads(proc.stdout)
     assert rep["fits"] and rep["time"]["iteration_s"] > 0 and rep["time"]["gpu_hours"] > 0
     best = next(x for x in rep["layouts"] if x["fits"])
-    # on 8 GPUs the recipe's own layout is the fastest that fits: 7 colocated pairs
-    assert "train.placement=colocated" in best["sets"]
-    assert "train.workers.count=7" in best["sets"] and best["gpus"] == 8
+    # on 8 GPUs the recipe's own layout is the fastest that fits: 8 colocated pairs, the
+    # reward replicas inside two of them, no GPU idle
+    assert (
+        "train.placement=colocated" in best["sets"] and "train.reward.in_pairs=true" in best["sets"]
+    )
+    assert "train.workers.count=8" in best["sets"] and best["gpus"] == 8 and best["idle"] == 0
     assert best["iteration_s"] == pytest.approx(rep["time"]["iteration_s"], rel=1e-4)
     # every candidate that fits asks for at most 8 GPUs
     assert all(x["gpus"] <= 8 for x in rep["layouts"] if x["fits"])

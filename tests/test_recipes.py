@@ -40,11 +40,9 @@ def gpus_asked(cfg: G2RPOConfig) -> int:
         pairs = t.workers.count * t.workers.num_gpus + t.learner.count * (
             t.learner.num_gpus if t.learner.count == 1 else 1.0
         )
-    total = (
-        pairs
-        + (t.eval.num_gpus if t.eval.on_actor else 0.0)
-        + t.reward.job_replicas() * t.reward.num_gpus
-    )
+    # replicas in the pairs (train.reward.in_pairs) take shares of the pairs' GPUs
+    reward = 0.0 if t.reward.in_pairs else t.reward.job_replicas() * t.reward.num_gpus
+    total = pairs + (t.eval.num_gpus if t.eval.on_actor else 0.0) + reward
     return math.ceil(total - 1e-9)
 
 
@@ -76,6 +74,19 @@ def test_gpus_asked_counts_every_actor():
         ],
     )
     assert gpus_asked(colocated) == 16 + 1 + 1
+    # the reward replicas inside two of the pairs (train.reward.in_pairs): no GPU of their own
+    in_pairs = config_from_dict(
+        {"train": layout},
+        [
+            "train.workers.num_gpus=0.45",
+            "train.learner.count=16",
+            "train.learner.num_gpus=0.45",
+            "train.reward.num_gpus=0.1",
+            "train.reward.in_pairs=true",
+            "train.placement=colocated",
+        ],
+    )
+    assert gpus_asked(in_pairs) == 16 + 1
     # the flagship recipe as shipped before: 16 workers, 1 learner, an evaluator, 2 x 0.5
     before = {**layout, "learner": {"num_gpus": 1}}
     assert gpus_asked(config_from_dict({"train": before})) == 19

@@ -65,6 +65,8 @@ def test_lora_run_publishes_adapters_and_resumes_exactly(warm, world, scorer_url
     assert (part / "final" / "pytorch_lora_weights.safetensors").is_file()
     placement = json.loads((part / "actors.json").read_text())["placement"]
     assert len(placement["rollout_workers"]) == 2  # replicas: test_placement.py, test_recovery.py
+    # each worker records the SDPA kernels its rollout uses (model.rollout_attention_backend)
+    assert all(w["attention_backend"] == "auto" for w in placement["rollout_workers"])
 
 
 def test_stale_trajectories_and_bad_weights_are_refused(world):
