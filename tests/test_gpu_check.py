@@ -51,9 +51,27 @@ def test_every_stage_parses_and_loads_its_config(tmp_path):
     log = (out / "log.txt").read_text()
     ends = [line for line in log.splitlines() if line.startswith("=== ") and "exit" in line]
     stages = [line.split()[1].rstrip(":") for line in ends]
-    assert stages[:2] == ["doctor_colocated", "handoff_full"], log  # the never-run first
-    assert len(stages) == 11, log
+    never_run = ["doctor_colocated", "ipc_handoff_full", "engine_full_compiled", "handoff_full"]
+    assert stages[:4] == never_run, log  # what has never run on a GPU first
+    assert len(stages) == 15, log
     failed = [line for line in ends if not re.search(r": exit 0 after \d+s$", line)]
     assert failed == [], log[-4000:]
     assert proc.returncode == 0
     assert "model.pretrained=" in log  # doctor_flux_lora reuses handoff_full's pipeline
+
+
+def test_a_second_call_runs_only_the_stages_it_names(tmp_path):
+    """GPU_CHECK_STAGES: what the first call's budget did not reach, in a second call."""
+    env = {**os.environ, "GPU_CHECK_DEVICE": "cpu", "GPU_CHECK_STAGES": "nothing_of_that_name"}
+    out = tmp_path / "out"
+    subprocess.run(
+        ["bash", str(REPO / "bin" / "gpu-check"), str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    log = (out / "log.txt").read_text()
+    assert "=== doctor_colocated: not run (not in GPU_CHECK_STAGES)" in log
+    assert "exit" not in log  # nothing ran
