@@ -42,30 +42,26 @@ from ..run_directory.files import (
 from .budget import Budget
 from .cluster import RunActors, record_actors, start_actors
 from .evaluations import PendingEval, evaluate_part, gather, record_evaluation, start_parts
-from .lifecycle import attach_telemetry, finish, nothing_left, open_run, resume_point
+from .lifecycle import (
+    attach_telemetry,
+    checkpoint_due,
+    finish,
+    nothing_left,
+    open_run,
+    resume_point,
+    stops_short,
+)
 from .phase_clock import PhaseClock
 from .placement import object_store_too_small
 from .publishing import Published, publisher_for
 from .records import iteration_row, progress_fields
 from .recovery import run_with_recovery
-from .rollouts import PendingRollout, collect_shares
+from .rollouts import PendingRollout, collect_shares, split_prompts
 from .warm_actors import WarmActors
 
 __all__ = ["read_metrics", "train"]
 
 CURVES_EVERY_S = 60.0
-
-
-def split_prompts(prompts: list[str], counts: list[int]) -> list[list[str]]:
-    """The iteration's prompts in consecutive shares of ``counts`` (worker i's is the
-    i-th; ``train.workers.prompt_counts``), every prompt in exactly one share."""
-    if sum(counts) != len(prompts):
-        raise ValueError(f"{len(prompts)} prompts cannot be split into shares of {counts}")
-    shares, start = [], 0
-    for n in counts:
-        shares.append(prompts[start : start + n])
-        start += n
-    return shares
 
 
 @dataclass
@@ -411,25 +407,6 @@ class TrainingLoop:
         finally:
             bar.close()
         return done
-
-
-def checkpoint_due(done: int, since_s: float, checkpoints) -> bool:
-    """Whether the iteration that made ``done`` iterations ends with a checkpoint
-    (``train.checkpoints``): every N iterations, at the pinned ones, and once
-    ``every_minutes`` of wall time passed since the last checkpoint (or the session's
-    start), so a lost node costs at most that much whatever an iteration takes."""
-    minutes = checkpoints.every_minutes
-    return (
-        done % checkpoints.every == 0
-        or done in checkpoints.at
-        or (minutes is not None and since_s >= 60.0 * minutes)
-    )
-
-
-def stops_short(it: int, end: int, iterations: int) -> bool:
-    """Iteration ``it`` ends a session (``end``: the first it does not run) that leaves
-    the run unfinished (of ``iterations``): no final evaluation follows it."""
-    return it == end - 1 and end < iterations
 
 
 def train(

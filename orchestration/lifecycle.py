@@ -1,6 +1,7 @@
 """A training session's start and end around the loop: opening (or resuming) a run
-directory, loading the last checkpoint, attaching telemetry, and marking a run
-finished with its final weights and their evaluation."""
+directory, loading the last checkpoint, attaching telemetry, which iterations end with a
+checkpoint or end a session short, and marking a run finished with its final weights and
+their evaluation."""
 
 from __future__ import annotations
 
@@ -168,3 +169,22 @@ def _evaluate_final(loop, done: int) -> None:
     weights = loop.publish()
     pending = loop.evaluate(done, weights, forced=True)
     loop.collect_evaluation(pending)
+
+
+def checkpoint_due(done: int, since_s: float, checkpoints) -> bool:
+    """Whether the iteration that made ``done`` iterations ends with a checkpoint
+    (``train.checkpoints``): every N iterations, at the pinned ones, and once
+    ``every_minutes`` of wall time passed since the last checkpoint (or the session's
+    start), so a lost node costs at most that much whatever an iteration takes."""
+    minutes = checkpoints.every_minutes
+    return (
+        done % checkpoints.every == 0
+        or done in checkpoints.at
+        or (minutes is not None and since_s >= 60.0 * minutes)
+    )
+
+
+def stops_short(it: int, end: int, iterations: int) -> bool:
+    """Iteration ``it`` ends a session (``end``: the first it does not run) that leaves
+    the run unfinished (of ``iterations``): no final evaluation follows it."""
+    return it == end - 1 and end < iterations

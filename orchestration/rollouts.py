@@ -1,10 +1,11 @@
-"""Collecting a rollout: each worker's summary, and a reference to its trajectories,
-which go to the learner ranks from the worker's node and never through the driver. A
-worker that died, or whose share is not back within ``train.workers.rollout_timeout_s``
-(then it is killed), is restarted by Ray, loads the weights the rollout was started
-with and redoes its share once; the late result is never used, so no trajectory is
-trained twice or lost. So does a worker that Ray restarted between the publish and its
-share, whose share comes back sampled with other weights than the ones published."""
+"""Splitting an iteration's prompts into the workers' shares, and collecting a rollout:
+each worker's summary, and a reference to its trajectories, which go to the learner ranks
+from the worker's node and never through the driver. A worker that died, or whose share is
+not back within ``train.workers.rollout_timeout_s`` (then it is killed), is restarted by
+Ray, loads the weights the rollout was started with and redoes its share once; the late
+result is never used, so no trajectory is trained twice or lost. So does a worker that Ray
+restarted between the publish and its share, whose share comes back sampled with other
+weights than the ones published."""
 
 from __future__ import annotations
 
@@ -60,3 +61,15 @@ def collect_shares(pending: PendingRollout, actors, timeout, restart_s, newest: 
             got = get_or_redo(newest.load_on(worker), newest.load_on, worker, timeout, restart_s)
             check_loaded(i, got, newest)
     return results, list(pending.trajectories)
+
+
+def split_prompts(prompts: list[str], counts: list[int]) -> list[list[str]]:
+    """The iteration's prompts in consecutive shares of ``counts`` (worker i's is the
+    i-th; ``train.workers.prompt_counts``), every prompt in exactly one share."""
+    if sum(counts) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts cannot be split into shares of {counts}")
+    shares, start = [], 0
+    for n in counts:
+        shares.append(prompts[start : start + n])
+        start += n
+    return shares

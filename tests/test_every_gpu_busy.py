@@ -56,7 +56,7 @@ def test_a_layout_that_cannot_hold_is_refused_naming_the_fields(sets, named):
 def test_the_iterations_prompts_split_by_each_workers_count():
     """The driver's split: worker i's share is the i-th run of its count, every prompt
     in one share; equal counts split as before (seeded runs keep their prompts)."""
-    from g2rpo.orchestration.driver import split_prompts
+    from g2rpo.orchestration.rollouts import split_prompts
 
     prompts = [f"p{i}" for i in range(6)]
     assert split_prompts(prompts[:3], [2, 1]) == [["p0", "p1"], ["p2"]]
