@@ -202,3 +202,27 @@ def test_flux_hps_8gpu_carries_the_papers_16_prompts_on_8_busy_gpus():
     )
     assert tm.phases["reward"] < apart.phases["reward"]
     assert (tm.gpus, apart.gpus) == (8, 9)
+
+
+def test_flux_hps_16gpu_carries_the_papers_16_prompts_on_16_busy_gpus():
+    """16 pairs of 1 prompt over two nodes, a reward replica inside pair 0 and pair 8 (one
+    on each node): the recipe is the layout search's best on 16 GPUs, none idle (before:
+    15 pairs of 1 prompt + a reward GPU, 15 prompts)."""
+    from g2rpo.planning.calibration import calibration
+    from g2rpo.planning.estimate import plan
+    from g2rpo.planning.layouts import search
+    from g2rpo.planning.timing import estimate_time
+
+    cfg = load_config(REPO / "configs/flux_hps_16gpu.yaml")
+    t = cfg.train
+    assert sum(t.workers.prompt_shares(cfg.sampling.prompts_per_worker)) == 16
+    assert t.placement == "colocated" and t.workers.count == t.learner.count == 16
+    assert t.reward_bundles() == [0, 8]
+    p = plan(cfg, 80)
+    assert p.fits and p.gpus_asked == 16
+    cal = calibration("H200")
+    best = next(x for x in search(cfg, 16, 80, cal) if x.fits)
+    assert best.idle == 0 and best.gpus == 16
+    for line in ("train.workers.count=16", "train.reward.in_pairs=true"):
+        assert line in best.sets
+    assert best.iteration_s == pytest.approx(estimate_time(cfg, cal).iteration_s, rel=1e-4)

@@ -147,16 +147,18 @@ def test_plan_prints_and_carries_the_host_section(capsys):
 
 
 def test_pack_spreads_the_colocated_pairs_of_flux_hps_16gpu_over_two_nodes():
+    """16 pairs, 8 a node; reward replica j in pair 8j (train.reward.in_pairs): one on each
+    node, in a pair's bundle."""
     nodes = nodes_of("configs/flux_hps_16gpu.yaml")
-    assert nodes["node 1"].kinds() == {"learner rank": 8, "rollout worker": 8}
-    assert nodes["node 2"].kinds() == {
-        "learner rank": 7,
-        "rollout worker": 7,
-        "reward replica": 2,
-    }
+    for node in ("node 1", "node 2"):
+        assert nodes[node].kinds() == {
+            "learner rank": 8,
+            "rollout worker": 8,
+            "reward replica": 1,
+        }
     # the versions go GPU to GPU (CUDA IPC); each node's store is sized for the one a
     # worker Ray restarted there loads (rank 0's put, node 2's copy of it)
-    assert nodes["node 1"].store_bytes == nodes["node 2"].store_bytes == V + 15 * batch(1)
+    assert nodes["node 1"].store_bytes == nodes["node 2"].store_bytes == V + 16 * batch(1)
 
 
 # ------------------------------------------------------------------- g2rpo doctor

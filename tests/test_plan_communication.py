@@ -37,11 +37,11 @@ def test_the_link_rates_are_shipped_and_say_where_they_come_from():
 
 
 def test_fsdp_bytes_of_flux_hps_16gpu_by_hand():
-    """15 ranks over two nodes, bf16 gathers (model.mixed_precision fsdp), float32
-    reduce-scatter: a pass moves 14/15 x P x (2 + 2 + 4) bytes through each rank,
-    88.9 GB, of which the reduce-scatter is half (44.4 GB; the review's "≈ 90 GB per rank
-    per step of reduce-scatter" is the whole pass). One pass per SDE step: 15 states on
-    15 ranks."""
+    """16 ranks over two nodes, bf16 gathers (model.mixed_precision fsdp), float32
+    reduce-scatter: a pass moves 15/16 x P x (2 + 2 + 4) bytes through each rank,
+    89.3 GB, of which the reduce-scatter is half (44.6 GB; the review's "≈ 90 GB per rank
+    per step of reduce-scatter" is the whole pass, at 15 ranks 88.9 GB). One pass per SDE
+    step: 16 states on 16 ranks."""
     from g2rpo.planning.communication import learner_traffic, ring
     from g2rpo.planning.estimate import architecture, parameter_counts
     from g2rpo.planning.workload import workload
@@ -52,13 +52,13 @@ def test_fsdp_bytes_of_flux_hps_16gpu_by_hand():
     work = workload(cfg)
     assert work.learner_passes == 8
     traffic = learner_traffic(cfg, work, counts, sharded=True, network="ib")
-    assert traffic.link == "ib" and traffic.ranks == 15
-    assert traffic.per_pass == pytest.approx(14 / 15 * P * 8, abs=1)
-    assert traffic.per_pass / GB == pytest.approx(88.87, abs=0.01)
-    assert ring(15) * 4 * P / GB == pytest.approx(44.43, abs=0.01)  # the reduce-scatter
+    assert traffic.link == "ib" and traffic.ranks == 16
+    assert traffic.per_pass == pytest.approx(15 / 16 * P * 8, abs=1)
+    assert traffic.per_pass / GB == pytest.approx(89.26, abs=0.01)
+    assert ring(16) * 4 * P / GB == pytest.approx(44.63, abs=0.01)  # the reduce-scatter
     assert traffic.learn == pytest.approx(8 * traffic.per_pass, abs=8)
-    assert traffic.unhidden == pytest.approx(8 * 14 / 15 * BLOCK * (2 + 4), abs=1)  # fill
-    assert traffic.publish == pytest.approx(14 / 15 * P * 2, abs=1)  # the bf16 version
+    assert traffic.unhidden == pytest.approx(8 * 15 / 16 * BLOCK * (2 + 4), abs=1)  # fill
+    assert traffic.publish == pytest.approx(15 / 16 * P * 2, abs=1)  # the bf16 version
 
 
 @pytest.mark.parametrize(
@@ -74,26 +74,27 @@ def test_the_learner_group_crosses_the_network_only_when_it_spans_nodes(network,
 
 
 def test_the_learn_phase_takes_what_compute_does_not_hide():
-    """ib: 711 GB at 50 GB/s is 14.2 s, hidden behind the 15.8 s of compute but for each
-    pass's first gather and last reduce-scatter (0.30 s); tcp: 227.5 s, of which all
+    """ib: 714 GB at 50 GB/s is 14.3 s, hidden behind the 15.8 s of compute but for each
+    pass's first gather and last reduce-scatter (0.31 s); tcp: 228.5 s, of which all
     but the compute's length is added. The publish gathers the version over the link."""
     cal = calibration("H200")
     ib = estimate_time(sixteen(), cal, "ib")
     tcp = estimate_time(sixteen(), cal, "tcp")
     compute = ib.communication["compute_s"]
     assert tcp.communication["compute_s"] == compute
-    assert ib.communication["seconds"] == pytest.approx(8 * 14 / 15 * P * 8 / 50e9)
-    fill = 8 * 14 / 15 * BLOCK * 6 / 50e9
+    assert ib.communication["seconds"] == pytest.approx(8 * 15 / 16 * P * 8 / 50e9)
+    fill = 8 * 15 / 16 * BLOCK * 6 / 50e9
     assert ib.communication["exposed_s"] == pytest.approx(fill, rel=1e-6)
     assert ib.phases["learn"] == pytest.approx(compute + fill)
-    wire = 8 * 14 / 15 * P * 8 / 3.125e9
+    wire = 8 * 15 / 16 * P * 8 / 3.125e9
     assert tcp.phases["learn"] == pytest.approx(wire)  # the wire is the longer: it is all
-    gather = 14 / 15 * P * 2
+    gather = 15 / 16 * P * 2
     assert tcp.phases["publish"] - ib.phases["publish"] == pytest.approx(
         gather / 3.125e9 - gather / 50e9
     )
     # one learner talks to nobody
-    one = estimate_time(sixteen("train.learner.count=1", "train.workers.count=1"), cal, "tcp")
+    alone = ("train.learner.count=1", "train.workers.count=1", "train.reward.replicas=1")
+    one = estimate_time(sixteen(*alone), cal, "tcp")
     assert one.communication == {}
 
 
@@ -165,9 +166,9 @@ def test_plan_network_flag(capsys):
     args = ["plan", str(REPO / "configs/flux_hps_16gpu.yaml"), "--gpu-memory", "80GiB"]
     assert main([*args, "--network", "tcp", "--json"]) == 0
     tcp = json.loads(capsys.readouterr().out)["time"]
-    assert tcp["communication"]["link"] == "tcp" and tcp["communication"]["ranks"] == 15
+    assert tcp["communication"]["link"] == "tcp" and tcp["communication"]["ranks"] == 16
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "learner collectives over ib (50 GB/s), 15 ranks: 88.9 GB a pass x 8 passes" in text
+    assert "learner collectives over ib (50 GB/s), 16 ranks: 89.3 GB a pass x 8 passes" in text
     with pytest.raises(SystemExit):
         main([*args, "--network", "carrier-pigeon"])
