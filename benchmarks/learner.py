@@ -35,8 +35,9 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def _rollout(model, cfg, dev, *, num_prompts, num_steps, group_size, sde_steps, latent, gen):
-    """A real G²RPO rollout of the random model: the learner's input."""
+def random_rollout(model, cfg, dev, *, num_prompts, num_steps, group_size, sde_steps, latent, gen):
+    """A real G²RPO rollout of the random model (one trained state per prompt and SDE
+    step, random advantages): the learner's input in the update benchmarks."""
     tokens = (latent // 2) ** 2
     cond = {k: v.to(dev) for k, v in random_text_cond(cfg, num_prompts, gen).items()}
     plan = g2rpo_plan(num_prompts, num_steps, group_size, sde_steps, [1])
@@ -79,7 +80,7 @@ def bench_learner(
     cfg = tiny_flux_config(size)
     base = build_tiny_flux(size, seed=seed).to(dev)  # fp32 master weights, as the learner
     sampler = FluxVelocity(base, latent, latent, autocast_dtype=autocast)
-    transitions, advantages, cond, spec = _rollout(
+    transitions, advantages, cond, spec = random_rollout(
         sampler,
         cfg,
         dev,

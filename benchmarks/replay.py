@@ -20,10 +20,8 @@ from ..common.flux import (
     FluxVelocity,
     build_tiny_flux,
     count_parameters,
-    random_text_cond,
     tiny_flux_config,
 )
-from ..common.schedules import sampling_grid
 from ..learner.distributed import (
     RankShare,
     fsdp_modules,
@@ -32,9 +30,8 @@ from ..learner.distributed import (
     leave_learner_group,
     shard_transformer,
 )
-from ..learner.grpo import StepSpec, grpo_update
-from ..rollout_worker.engine import RolloutEngine, draw_noise
-from ..rollout_worker.plan import g2rpo_plan
+from ..learner.grpo import grpo_update
+from .learner import random_rollout
 
 REPLAYS = ("per_step", "stacked")
 # the collectives FSDP2 issues (torch.distributed's all_gather_into_tensor and
@@ -72,20 +69,6 @@ class RecordingAdamW(torch.optim.AdamW):
         return super().step(closure)
 
 
-def _rollout(model, config, settings, gen):
-    """A G²RPO rollout of the random model (one forward per (prompt, k) to replay)."""
-    s = settings
-    latent = s["latent_size"]
-    cond = random_text_cond(config, s["num_prompts"], gen)
-    plan = g2rpo_plan(s["num_prompts"], s["num_steps"], s["group_size"], s["sde_steps"], [1])
-    init, sde = draw_noise(plan, ((latent // 2) ** 2, config["in_channels"]), gen)
-    grid = sampling_grid(s["num_steps"], 3.0)
-    with torch.no_grad():
-        result = RolloutEngine(model, grid, max_batch=256).run(plan, cond, init, sde)
-    advantages = torch.randn(int(torch.tensor(plan.adv_shape).prod()), generator=gen)
-    return result.transitions, advantages, cond, StepSpec(grid=grid, eta=0.7, sde_type="flow")
-
-
 def _sharded_velocity(base, latent: int, trainable: bool) -> FluxVelocity:
     transformer = copy.deepcopy(base).train(trainable).requires_grad_(trainable)
     shard_transformer(transformer, "cpu", None)
@@ -106,7 +89,19 @@ def _rank(rank: int, port: int, settings: dict, results) -> None:
         if rank == 0:
             gen = torch.Generator().manual_seed(s["seed"])
             sampler = FluxVelocity(base, s["latent_size"], s["latent_size"])
-            rollout = [_rollout(sampler, config, s, gen)]
+            rollout = [
+                random_rollout(
+                    sampler,
+                    config,
+                    torch.device("cpu"),
+                    num_prompts=s["num_prompts"],
+                    num_steps=s["num_steps"],
+                    group_size=s["group_size"],
+                    sde_steps=s["sde_steps"],
+                    latent=s["latent_size"],
+                    gen=gen,
+                )
+            ]
         dist.broadcast_object_list(rollout, src=0)
         transitions, advantages, cond, spec = rollout[0]
         share = RankShare(rank, world, sharded=True)

@@ -47,7 +47,7 @@ import xxhash
 
 from .messages import WeightsLoaded
 from .time_sharing import synchronize
-from .weights import WeightMismatch, tensor_header
+from .weights import WeightMismatch, tensor_bytes, tensor_header
 
 BUCKET_BYTES = 512 * 2**20  # one bucket on the device at a time; ~48 handoffs of a FLUX version
 ALIGN = 256  # each tensor starts on this boundary: a view of any dtype is aligned
@@ -202,15 +202,11 @@ def digest_sums(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
     if not tensors:
         return []
     if tensors[0].device.type == "cpu":
-        return [(xxhash.xxh3_64_intdigest(_bytes_of(t)), 0) for t in tensors]
+        return [(xxhash.xxh3_64_intdigest(tensor_bytes(t)), 0) for t in tensors]
     longest = max(t.numel() * t.element_size() for t in tensors) // 2 + 1
     weights = _position_weights(min(longest, DIGEST_CHUNK), tensors[0].device)
     sums = torch.stack([tensor_digest(t, weights) for t in tensors]).cpu().tolist()
     return [(int(a), int(b)) for a, b in sums]
-
-
-def _bytes_of(t: torch.Tensor):
-    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
 def digest_hex(entries: list[tuple[str, torch.Tensor]], sums: list[tuple[int, int]]) -> str:

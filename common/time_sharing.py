@@ -92,6 +92,10 @@ class HostMirror:
         out.copy_(t, non_blocking=True)
         return out
 
+    def move(self, key: str, t: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+        """``to_host`` (``device`` None) or ``to_device``."""
+        return self.to_host(key, t) if device is None else self.to_device(key, t, device)
+
     @property
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
@@ -135,15 +139,13 @@ def _move_one(t, key: str, mirror: HostMirror, device: torch.device | None, reco
     brought back to ``device``; ``record``: FSDP2's record of a sharded parameter."""
     local = getattr(t, "_local_tensor", None)
     if local is None:
-        return mirror.to_host(key, t) if device is None else mirror.to_device(key, t, device)
+        return mirror.move(key, t, device)
     if record is None:
-        moved = (
-            mirror.to_host(key, local) if device is None else mirror.to_device(key, local, device)
-        )
+        moved = mirror.move(key, local, device)
         return t if moved is local else _as_dtensor_like(moved, t)
     # a sharded parameter: its whole padded shard moves, and FSDP2's record of it with it
     padded = record._sharded_param_data
-    moved = mirror.to_host(key, padded) if device is None else mirror.to_device(key, padded, device)
+    moved = mirror.move(key, padded, device)
     if moved is padded:
         return t
     record._sharded_param_data = moved  # FSDP2's _apply then sees its own storage: no re-pad

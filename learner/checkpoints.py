@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -181,27 +182,37 @@ def load_weights_into(transformer: torch.nn.Module, directory: str | Path) -> No
     transformer.load_state_dict(state)
 
 
-def full_weights(
+def gathered_tensors(
     transformer: torch.nn.Module, dtype: torch.dtype | None = None
-) -> dict[str, torch.Tensor]:
-    """Every weight, whole and on the CPU, on rank 0 of an FSDP group (every rank
-    must call; the others get an empty dict); floating-point tensors in ``dtype`` when
-    given, the others as they are. Tensor by tensor, each rank first casts its shard
-    on its device: the gather moves the bytes asked for (bfloat16: half of float32),
-    and rank 0's host never holds more than the result (no float32 copy to cast from).
-    A cast rounds each element alone, so casting the shards and then gathering gives
-    the bytes gathering and then casting gives."""
-    import torch.distributed as dist
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every weight of ``transformer``, whole and on its device, one at a time, on every
+    rank of an FSDP group (every rank must iterate: each step is a collective);
+    floating-point tensors in ``dtype`` when given, the others as they are. Each rank
+    first casts its shard on its device: the gather moves the bytes asked for (bfloat16:
+    half of float32). A cast rounds each element alone, so casting the shards and then
+    gathering gives the bytes gathering and then casting gives."""
     from torch.distributed.tensor import DTensor
 
-    rank0 = dist.get_rank() == 0
-    out = {}
     for name, tensor in transformer.state_dict().items():
         tensor = tensor.detach()
         if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
             tensor = tensor.to(dtype)  # a DTensor casts its local shard
         if isinstance(tensor, DTensor):
             tensor = tensor.full_tensor()  # an all-gather: every rank takes part
+        yield name, tensor
+
+
+def full_weights(
+    transformer: torch.nn.Module, dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """Every weight, whole and on the CPU, on rank 0 of an FSDP group (every rank
+    must call; the others get an empty dict): ``gathered_tensors``, of which rank 0's
+    host never holds more than the result (no float32 copy to cast from)."""
+    import torch.distributed as dist
+
+    rank0 = dist.get_rank() == 0
+    out = {}
+    for name, tensor in gathered_tensors(transformer, dtype):
         if rank0:
             # a copy even where it is already on the CPU: the result never aliases
             # the weights training goes on changing (a one-rank group's gather is a view)

@@ -13,22 +13,15 @@ from collections.abc import Callable, Iterator
 import torch
 
 from ..common.ipc_handoff import BUCKET_BYTES, BucketMessage, BucketSender, HandoffResult
+from .checkpoints import gathered_tensors
 
 
 def rollout_tensors(core) -> Iterator[tuple[str, torch.Tensor]]:
     """Every weight the rollout workers load (a full fine-tune's: the transformer's state
     dict), whole, on this rank's device, in ``model.rollout_weights_dtype``, one at a
-    time: each rank casts its shard, then the group gathers it (as ``full_weights``)."""
-    from torch.distributed.tensor import DTensor
-
+    time (``gathered_tensors``: each rank casts its shard, then the group gathers it)."""
     dtype = getattr(torch, core.cfg.model.rollout_weights_dtype)
-    for name, tensor in core.transformer.state_dict().items():
-        tensor = tensor.detach()
-        if tensor.is_floating_point() and tensor.dtype != dtype:
-            tensor = tensor.to(dtype)
-        if isinstance(tensor, DTensor):
-            tensor = tensor.full_tensor()  # an all-gather: every rank takes part
-        yield name, tensor
+    return gathered_tensors(core.transformer, dtype)
 
 
 def hand_over(
