@@ -453,7 +453,8 @@ def _plan(cfg: G2RPOConfig, gpu_memory: int) -> Plan:
 
         replica = next((a for a in actors if a.actor == "reward replica"), None)
         in_pairs = replica if cfg.train.reward.in_pairs and replica and replica.on_gpu else None
-        take_turns(actors[0], actors[1], gpu_memory, in_pairs)
+        o = cfg.train.offload
+        take_turns(actors[0], actors[1], gpu_memory, in_pairs, o.learner, o.worker)
     return Plan(
         actors=actors, gpus_asked=gpus_asked(cfg), gpu_memory=gpu_memory, architecture=where
     )

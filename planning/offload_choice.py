@@ -31,11 +31,6 @@ GiB = 2**30
 CONTEXTS = 3 * GiB
 LEARNER_CHOICES = ("none", "optimizer", "all")
 WORKER_CHOICES = ("none", "all")
-# the learner rank's parts that stay between updates (gradients, activations and FSDP's
-# buffers are freed after each); the plan's names (planning/estimate.py)
-LEARNER_WEIGHTS = ("weights (float32 master", "base weights", "LoRA adapters", "KL reference")
-LEARNER_MOMENTS = ("AdamW states",)
-WORKER_TRANSFORMER = ("transformer weights", "transformer buffers", "LoRA adapters")
 
 
 @dataclass(frozen=True)
@@ -121,14 +116,16 @@ def choose_offload(m: PairMemory, learner: str = "auto", worker: str = "auto") -
     return OffloadChoice(a, b, False, pair_phases(m, a, b), moved_bytes(m, a, b))
 
 
-def _sum(parts: dict[str, int], prefixes: tuple[str, ...]) -> int:
-    return sum(v for k, v in parts.items() if k.startswith(prefixes))
-
-
 def pair_memory(cfg: G2RPOConfig) -> PairMemory:
     """The pair's figures from ``plan(cfg)`` (train.memory.gpu_memory_gib)."""
     from .estimate import plan
-    from .pairs import WORKER_RESIDUE
+    from .pairs import (
+        LEARNER_MOMENTS,
+        LEARNER_WEIGHTS,
+        WORKER_RESIDUE,
+        WORKER_TRANSFORMER,
+        part_bytes,
+    )
 
     p = plan(cfg)
     by_kind = {a.actor: a for a in p.actors}
@@ -138,11 +135,11 @@ def pair_memory(cfg: G2RPOConfig) -> PairMemory:
     return PairMemory(
         gpu=p.gpu_memory,
         worker_peak=worker.peak,
-        worker_transformer=_sum(worker.parts, WORKER_TRANSFORMER),
-        worker_residue=_sum(worker.parts, WORKER_RESIDUE),
+        worker_transformer=part_bytes(worker.parts, WORKER_TRANSFORMER),
+        worker_residue=part_bytes(worker.parts, WORKER_RESIDUE),
         learner_peak=learner.peak,
-        learner_weights=_sum(learner.parts, LEARNER_WEIGHTS),
-        learner_moments=_sum(learner.parts, LEARNER_MOMENTS),
+        learner_weights=part_bytes(learner.parts, LEARNER_WEIGHTS),
+        learner_moments=part_bytes(learner.parts, LEARNER_MOMENTS),
         beside=beside,
     )
 

@@ -82,3 +82,30 @@ def test_flux_hps_8gpu_keeps_both_sides_resident_on_80_gib_by_its_own_plan():
     # a CPU run has nothing to choose: its unresolved auto moves everything, as before
     on_cpu = load_config(None, ["train.placement=colocated"])
     assert resolve_offload(on_cpu) is None and with_offload_chosen(on_cpu) is on_cpu
+
+
+def test_the_plan_counts_what_a_fixed_offload_keeps_beside_the_other_side():
+    """`g2rpo plan`'s budgets for a pair whose config fixes train.offload: flux_hps_8gpu
+    with both sides resident on 60 GiB does not fit (the rollout's 45.0 GiB beside the
+    rank's 16.6 GiB of fp32 shard and moments and the pair's 2.8 GiB scorer), where the
+    same pair on auto fits by offloading. Before, the plan's budgets assumed everything
+    went to the host whatever train.offload said, and passed it."""
+    from g2rpo.planning.estimate import plan
+
+    resident = ["train.offload.learner=none", "train.offload.worker=none"]
+    cfg = load_config(REPO / "configs/flux_hps_8gpu.yaml", resident)
+    at60 = {a.actor: a for a in plan(cfg, 60).actors}
+    worker, learner = at60["rollout worker"], at60["learner rank"]
+    kept = (
+        learner.parts["weights (float32 master), 1/8"]
+        + learner.parts["AdamW states (2 x float32, 1/8)"]
+    )
+    scorer = at60["reward replica"].peak
+    assert worker.budget == 60 * GiB - kept - scorer
+    transformer = worker.parts["transformer weights (bfloat16)"]
+    residue = sum(v for k, v in worker.parts.items() if k.startswith(("VAE", "CLIP", "T5")))
+    assert learner.budget == 60 * GiB - residue - transformer - scorer
+    assert not plan(cfg, 60).fits
+    assert plan(cfg, 80).fits
+    auto = load_config(REPO / "configs/flux_hps_8gpu.yaml")
+    assert plan(auto, 60).fits  # everything may move: resolve_offload picks what fits
