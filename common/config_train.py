@@ -135,6 +135,11 @@ class EvalConfig(ActorResources):
     seed: int = Field(
         10_000, description="eval noise seed: the same noise for every run and iteration"
     )
+    keep_images: bool = Field(
+        False,
+        description="save every evaluation image as evals/it_N.images.npz (a study measures "
+        "them afterwards; 400 images of 720² are 593 MiB an evaluation)",
+    )
     on_actor: bool = Field(
         True,
         description="evaluate on an actor of its own, concurrently with the rollout; false: "

@@ -33,7 +33,6 @@ from ..run_directory.files import (
     checkpoint_path,
     checkpoint_to_resume,
     draw_curves,
-    grid_samples,
     prune_checkpoints,
     read_metrics,
     record_checkpoint,
@@ -41,7 +40,15 @@ from ..run_directory.files import (
 )
 from .budget import Budget
 from .cluster import RunActors, record_actors, start_actors
-from .evaluations import PendingEval, evaluate_part, gather, record_evaluation, start_parts
+from .evaluations import (
+    PendingEval,
+    evaluate_part,
+    gather,
+    record_evaluation,
+    returned_samples,
+    set_images_aside,
+    start_parts,
+)
 from .lifecycle import (
     attach_telemetry,
     checkpoint_due,
@@ -148,7 +155,8 @@ class TrainingLoop:
             actors = list(self.actors.workers)
         t = self.cfg.train
         endpoints = self.actors.rewards.endpoints()
-        parts = start_parts(actors, self.eval_prompts, t.eval.seed, t.eval.per_prompt, endpoints)
+        grid = returned_samples(len(self.eval_prompts), t.eval)
+        parts = start_parts(actors, self.eval_prompts, t.eval.seed, grid, endpoints)
         return PendingEval(it, weights, parts, self.budget.total)
 
     def eval_due(self, it: int) -> bool:
@@ -163,7 +171,7 @@ class TrainingLoop:
         if pending is None:
             return {}
         t = self.cfg.train
-        grid = grid_samples(len(self.eval_prompts), t.eval.per_prompt)
+        grid = returned_samples(len(self.eval_prompts), t.eval)
 
         def redo(actor, part):
             ray.get(pending.weights.load_on(actor))
@@ -173,6 +181,8 @@ class TrainingLoop:
         samples = gather(pending, redo, t.eval.timeout_s, self.restart_s)
         if samples is None:
             return {"eval_timed_out": 1}
+        if t.eval.keep_images:
+            samples = set_images_aside(self.run_dir, pending.iteration, samples, t.eval.per_prompt)
         record, row = record_evaluation(
             self.run_dir,
             pending,

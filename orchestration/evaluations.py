@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import ray
@@ -42,15 +42,33 @@ class PendingEval:
     nfe_train_total: int
 
 
-def start_parts(actors: list, prompts: list[str], seed: int, per_prompt: int, endpoints):
-    """Each actor evaluates its slice of ``prompts`` (one per sample); the grid's images
-    of a slice come back with it."""
-    grid = grid_samples(len(prompts), per_prompt)
+def start_parts(actors: list, prompts: list[str], seed: int, grid: list[int], endpoints):
+    """Each actor evaluates its slice of ``prompts`` (one per sample); the images of a
+    slice at ``grid`` (sample indices) come back with it."""
     parts = []
     for actor, (first, count) in zip(actors, eval_slices(len(prompts), len(actors)), strict=False):
         parts.append(EvalPart(actor, first, count, None))
         parts[-1].ref = evaluate_part(parts[-1], prompts, seed, grid, endpoints)
     return parts
+
+
+def returned_samples(num_samples: int, eval_cfg) -> list[int]:
+    """The evaluation samples whose images come back to the driver: the sample grid's,
+    or every one under ``train.eval.keep_images``."""
+    if eval_cfg.keep_images:
+        return list(range(num_samples))
+    return grid_samples(num_samples, eval_cfg.per_prompt)
+
+
+def set_images_aside(run_dir, iteration: int, samples: EvalSamples, per_prompt: int):
+    """Every image of an evaluation saved as ``evals/it_N.images.npz`` (uint8 [N, H, W, 3],
+    for a study that measures them afterwards); the samples with the grid's images only."""
+    path = run_dir / "evals" / f"it_{iteration:05d}.images.npz"
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, images=samples.images)
+    tmp.replace(path)  # whole or absent: a killed run leaves no half file under the name
+    return replace(samples, images=samples.images[grid_samples(len(samples.images), per_prompt)])
 
 
 def evaluate_part(part: EvalPart, prompts, seed, grid, endpoints):
@@ -99,6 +117,7 @@ def merge(parts: list[EvalSamples]) -> EvalSamples:
     shown = [p.images for p in parts if len(p.images)]
     images = np.concatenate(shown) if shown else parts[0].images
     thumbs = [p.thumbnails for p in parts]
+    embeds = [p.embeddings for p in parts]
     return EvalSamples(
         images,
         scores,
@@ -106,6 +125,9 @@ def merge(parts: list[EvalSamples]) -> EvalSamples:
         parts[0].version,
         health=health,
         thumbnails=None if any(t is None for t in thumbs) else np.concatenate(thumbs),
+        # a part without (a worker of before embeddings): none, never a partial column
+        embeddings=None if any(e is None for e in embeds) else np.concatenate(embeds),
+        embedding_scorer=parts[0].embedding_scorer,
     )
 
 
@@ -131,6 +153,8 @@ def record_evaluation(run_dir, pending: PendingEval, samples, prompts, per_promp
     run's first evaluation, and the trained-vs-held-out drift of the ``trained`` rewards,
     {name: weight})."""
     from ..common import image_health
+    from ..common.embedding_diversity import NAME as DIVERSITY_EMBED
+    from ..common.embedding_diversity import embedding_diversity
     from ..evaluation.metrics import pass_from_scores
     from ..run_directory.files import save_evaluation, write_sample_grid
     from .records import HEALTH, drift_entries, eval_row
@@ -148,6 +172,9 @@ def record_evaluation(run_dir, pending: PendingEval, samples, prompts, per_promp
     if samples.thumbnails is not None:
         health.update(_against_first(samples.thumbnails, first, per_prompt))
         record["thumbnails"] = image_health.encode_thumbnails(samples.thumbnails)
+    if samples.embeddings is not None and per_prompt >= 2:  # (one sample: no pair)
+        health[DIVERSITY_EMBED] = embedding_diversity(samples.embeddings, per_prompt)
+        record["embedding_scorer"] = samples.embedding_scorer
     record["health"] = {k: v.round(6).tolist() for k, v in health.items()}
     save_evaluation(run_dir, pending.iteration, record)
     write_sample_grid(
