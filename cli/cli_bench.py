@@ -194,6 +194,11 @@ def _cmd_bench_health(args: argparse.Namespace) -> int:
             f"  {size}x{size}: {cells}; {total * 1e3:.2f} ms in all, "
             f"{total * args.per_eval:.1f} s for an evaluation of {args.per_eval} samples"
         )
+    from g2rpo.benchmarks.health import bench_measures
+
+    print("each per-image measure alone (its own luminance and spectra), CPU ms per image")
+    for size, costs in bench_measures(args.sizes, args.images, args.repeats).items():
+        print(f"  {size}x{size}: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in costs.items()))
     return 0
 
 

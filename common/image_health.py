@@ -1,15 +1,20 @@
 """Image-health measures: what reward hacking does to images that a reward may not see.
 
-Pure NumPy on uint8 images [N, H, W, 3]. Two kinds:
+Pure NumPy on uint8 images [N, H, W, 3], at their own resolution (a 32² world sample or a
+1024² FLUX one). Two kinds:
 
-* **per image** (the evaluator computes them where the full images are):
-  ``high_freq`` — the share of the luminance's power spectrum (mean removed) above
+* **per image** (the evaluator computes them where the full images are; the luminance
+  ones live in ``common/image_texture.py``, which defines each):
+  ``high_freq`` — the share of the luminance's power (mean removed, Hann-windowed) above
   ``HIGH_FREQ_CUTOFF`` cycles per pixel: speckle, dots and grids raise it;
-  ``periodicity`` — log10 of the strongest spectral peak over the mean power of its
-  frequency ring (Hann-windowed luminance, rings from ``MIN_RING`` bins): a periodic
-  texture puts its power into a few isolated peaks, an object's edges spread it
-  round the ring; ``saturation`` — the mean HSV saturation (washed-out or garish
-  colours).
+  ``high_freq_p8``, ``high_freq_p16`` — the same from 1/8 and 1/16 cycles per pixel on,
+  where an 8- and a 16-px patch grid (FLUX: 2×2 latent patches × the VAE's 8×) put their
+  fundamental and harmonics; ``periodicity`` — log10 of the most prominent sharp peak of
+  the spectrum over its neighbours along the line through DC, the axes included (a
+  periodic texture's isolated peaks; an object's edges make ridges, not peaks);
+  ``saturation`` — the mean HSV saturation (washed-out or garish colours); ``contrast``
+  — RMS contrast; ``sharpness`` — log10 of the Laplacian's variance (over-sharpening);
+  ``glyph_area`` — the share of the image in text-like cells (watermarks, captions).
 * **against the base** (the driver computes them from 16×16 thumbnails, area means
   of the image, kept with every evaluation): ``base_distance`` — the mean absolute
   difference from the base's sample on the same noise; ``background_shift`` — the
@@ -27,112 +32,104 @@ import base64
 
 import numpy as np
 
+from . import image_texture as tex
+
 HIGH_FREQ_CUTOFF = 0.25  # cycles per pixel, radially (Nyquist is 0.5 along each axis)
-MIN_RING = 3  # rings nearer DC hold the composition, not texture
+PATCH_CUTOFFS = {"high_freq_p8": 1 / 8, "high_freq_p16": 1 / 16}  # cycles per pixel
+MIN_RING = tex.MIN_RING
 THUMB = 16  # thumbnail side
-PER_IMAGE = ("high_freq", "periodicity", "saturation")
+PER_IMAGE = (
+    "high_freq",
+    "high_freq_p8",
+    "high_freq_p16",
+    "periodicity",
+    "saturation",
+    "contrast",
+    "sharpness",
+    "glyph_area",
+)
 AGAINST_BASE = ("base_distance", "background_shift", "diversity")
+PIXELS_PER_CHUNK = 1 << 24  # a chunk's float32 luminance and spectra stay near 64 MiB each
 
 
-def _luminance(images: np.ndarray) -> np.ndarray:
-    """float32 [N, H, W] in [0, 1] (channel slices: numpy reduces a last axis of 3
-    several times slower)."""
-    x = np.asarray(images)
-    r, g, b = (x[..., c].astype(np.float32) for c in range(3))
-    return (r * 0.299 + g * 0.587 + b * 0.114) / 255.0
-
-
-def _radius(h: int, w: int) -> np.ndarray:
-    """Radial frequency of each bin of a real FFT (``rfft2``), in cycles per pixel."""
-    fy, fx = np.fft.fftfreq(h)[:, None], np.fft.rfftfreq(w)[None, :]
-    return np.sqrt(fy**2 + fx**2)
-
-
-def _power(y: np.ndarray) -> np.ndarray:
-    """The half-plane power spectrum of each image (real input: the other half mirrors it)."""
-    return np.abs(np.fft.rfft2(y)) ** 2
-
-
-def _centred(y: np.ndarray) -> np.ndarray:
-    """Each image less its mean; float32 rounding residue (far below one grey level,
-    1/255) set to 0, so that a flat image has no spectrum at all."""
-    c = y - y.mean(axis=(1, 2), keepdims=True)
-    c[np.abs(c) < 1e-4] = 0.0
-    return c
-
-
-def _windowed(y: np.ndarray) -> np.ndarray:
-    """Centred and Hann-windowed: the FFT's wrap-around (the jump from one border to the
-    other) would otherwise count as an edge of every frequency."""
-    h, w = y.shape[1:]
-    window = (np.hanning(h)[:, None] * np.hanning(w)[None, :]).astype(np.float32)
-    return _centred(y) * window
-
-
-def _spectrum(images: np.ndarray) -> np.ndarray:
-    """float [N, H, W//2+1]: the power spectrum of each image's windowed luminance."""
-    return _power(_windowed(_luminance(images)))
+def _spectra(images: np.ndarray) -> tuple[np.ndarray, int]:
+    """(the tiles' power spectra, the tiles' width): see image_texture.spectra."""
+    return tex.spectra(tex.luminance(images)), min(images.shape[2], tex.TILE)
 
 
 def high_freq(images: np.ndarray, cutoff: float = HIGH_FREQ_CUTOFF, *, _p=None) -> np.ndarray:
-    """[N] share of the windowed, mean-removed luminance's power above ``cutoff``
-    (0 for a flat image)."""
-    power = _spectrum(images) if _p is None else _p
-    h, w = images.shape[1], images.shape[2]
-    # the half-plane's columns 0 < fx < 0.5 each stand for two bins of the full spectrum
-    # (fx and -fx); fx = 0, and fx = 0.5 for an even width, for one
-    weight = np.full(w // 2 + 1, 2.0)
-    weight[0] = 1.0
-    if w % 2 == 0:
-        weight[-1] = 1.0
-    weighted = power * weight[None, None, :]
-    high = (_radius(h, w) > cutoff)[None]
-    total = weighted.sum(axis=(1, 2), dtype=np.float64)
-    above = (weighted * high).sum(axis=(1, 2), dtype=np.float64)
-    return np.divide(above, total, out=np.zeros_like(total), where=total > 0)
+    """[N] share of the windowed, mean-removed luminance's power above ``cutoff`` cycles
+    per pixel, radially (strictly above: the values, and the alerts set on them, are
+    those of before images were tiled, at 256² and below); 0 for a flat image."""
+    power, width = _spectra(images) if _p is None else _p
+    return tex.high_freq(power, width, cutoff, inclusive=False)
+
+
+def high_freq_patch(images: np.ndarray, cutoff: float, *, _p=None) -> np.ndarray:
+    """[N] the same share from ``cutoff`` on, the bins at the cutoff included: a patch
+    grid of period 1/cutoff px puts its fundamental there (and the Hann window 1/6 of a
+    sharp peak's power in each bin beside it: strictly above, a 16-px grid's
+    fundamental would count 1/6, inclusive 5/6)."""
+    power, width = _spectra(images) if _p is None else _p
+    return tex.high_freq(power, width, cutoff, inclusive=True)
 
 
 def periodicity(images: np.ndarray, min_ring: int = MIN_RING, *, _p=None) -> np.ndarray:
-    """[N] log10(max over bins of power / its ring's mean power), rings of width one bin
-    of the shorter side from ``min_ring`` bins out, off the two axes (where an upright
-    object's edges put their power); 0 for a flat image."""
-    n, h, w = images.shape[:3]
-    power = (_spectrum(images) if _p is None else _p).reshape(n, -1).astype(np.float64)
-    ring = np.rint(_radius(h, w) * min(h, w)).astype(int)
-    ring[0, :] = ring[:, 0] = -1  # the axes
-    ring = ring.ravel()
-    keep = ring >= min_ring
-    ring, power = ring[keep] - min_ring, power[:, keep]
-    rings = int(ring.max()) + 1
-    # every image's ring sums in one bincount: bin (image, ring) = image · rings + ring
-    sums = np.bincount((np.arange(n)[:, None] * rings + ring).ravel(), power.ravel(), n * rings)
-    mean = sums.reshape(n, rings)[:, ring] / np.bincount(ring, minlength=rings)[ring]
-    ratio = np.divide(power, mean, out=np.zeros_like(power), where=mean > 0)
-    return np.log10(np.maximum(ratio.max(axis=1), 1.0))
+    """[N] log10 of the most prominent sharp spectral peak: image_texture.periodicity."""
+    power, width = _spectra(images) if _p is None else _p
+    return tex.periodicity(power, width, min_ring)
 
 
 def saturation(images: np.ndarray) -> np.ndarray:
     """[N] mean HSV saturation, (max − min) / max per pixel (0 on black)."""
     x = np.asarray(images)
-    r, g, b = x[..., 0], x[..., 1], x[..., 2]  # channel slices: see _luminance
+    r, g, b = x[..., 0], x[..., 1], x[..., 2]  # channel slices: see image_texture.luminance
     hi = np.maximum(np.maximum(r, g), b).astype(np.float32)
     lo = np.minimum(np.minimum(r, g), b).astype(np.float32)
     s = np.divide(hi - lo, hi, out=np.zeros_like(hi), where=hi > 0)
     return s.mean(axis=(1, 2), dtype=np.float64)
 
 
-def per_image(images: np.ndarray, chunk: int = 64) -> dict[str, np.ndarray]:
-    """The per-image measures, {name: float64 [N]}, ``chunk`` images at a time (a
-    float copy of 2,048 images of 512² would be 6 GiB)."""
-    parts = []
-    for lo in range(0, len(images), chunk):
-        x = images[lo : lo + chunk]
-        power = _spectrum(x)  # one FFT serves both spectral measures
-        parts.append((high_freq(x, _p=power), periodicity(x, _p=power), saturation(x)))
-    cols = list(zip(*parts, strict=True)) if parts else [[], [], []]
+def contrast(images: np.ndarray) -> np.ndarray:
+    """[N] RMS contrast, the luminance's std in [0, 1]: image_texture.contrast."""
+    return tex.contrast(tex.luminance(images))
+
+
+def sharpness(images: np.ndarray) -> np.ndarray:
+    """[N] log10 of the Laplacian's variance: image_texture.sharpness."""
+    return tex.sharpness(tex.luminance(images))
+
+
+def glyph_area(images: np.ndarray) -> np.ndarray:
+    """[N] the share of the image in text-like cells: image_texture.glyph_area."""
+    return tex.glyph_area(tex.luminance(images))
+
+
+def _measures(x: np.ndarray) -> dict[str, np.ndarray]:
+    """PER_IMAGE of one chunk: one luminance and one set of tile spectra serve them all."""
+    y = tex.luminance(x)
+    spec = tex.spectra(y), min(x.shape[2], tex.TILE)
     return {
-        name: np.concatenate(col) if len(col) else np.zeros(0)
-        for name, col in zip(PER_IMAGE, cols, strict=True)
+        "high_freq": high_freq(x, _p=spec),
+        **{name: high_freq_patch(x, cut, _p=spec) for name, cut in PATCH_CUTOFFS.items()},
+        "periodicity": periodicity(x, _p=spec),
+        "saturation": saturation(x),
+        "contrast": tex.contrast(y),
+        "sharpness": tex.sharpness(y),
+        "glyph_area": tex.glyph_area(y),
+    }
+
+
+def per_image(images: np.ndarray, chunk: int = 64) -> dict[str, np.ndarray]:
+    """The per-image measures, {name: float64 [N]} in PER_IMAGE's order, ``chunk`` images
+    at a time and fewer for large ones (``PIXELS_PER_CHUNK``: a float copy of 2,048
+    images of 1024² would be 8 GiB)."""
+    n, h, w = len(images), *np.shape(images)[1:3]
+    step = max(1, min(chunk, PIXELS_PER_CHUNK // max(h * w, 1)))
+    parts = [_measures(images[lo : lo + step]) for lo in range(0, n, step)]
+    return {
+        name: np.concatenate([p[name] for p in parts]) if parts else np.zeros(0)
+        for name in PER_IMAGE
     }
 
 
