@@ -62,7 +62,10 @@ class EvalSamples:
     scores per scorer (one per image), the seconds sampling and scoring took, and
     the weights version that sampled them (the driver checks it is the one it meant);
     the image-health measures of every image (``common/image_health.py``) and its
-    16×16 thumbnail [N, 16, 16, 3], from which the driver measures it against the base."""
+    16×16 thumbnail [N, 16, 16, 3], from which the driver measures it against the base;
+    the unit image embeddings of every image, float16 [N, D], by the scorer named
+    ``embedding_scorer`` (None when no scorer of the evaluation has them), from which the
+    driver measures ``diversity_embed`` (``common/embedding_diversity.py``)."""
 
     images: np.ndarray
     scores: dict[str, list[float]]
@@ -70,3 +73,5 @@ class EvalSamples:
     version: int
     health: dict[str, list[float]] = field(default_factory=dict)
     thumbnails: np.ndarray | None = None
+    embeddings: np.ndarray | None = None
+    embedding_scorer: str | None = None

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from ..common import image_health
+from ..common.embedding_diversity import NAME as DIVERSITY_EMBED
+from ..common.embedding_diversity import embedding_diversity
 from ..common.shapes import parse_prompt, render_batch
 from ..common.stats import per_prompt_means
 from ..run_directory.grids import labelled_grid, spread_rows
@@ -19,12 +21,16 @@ from .metrics import paired, summarise
 
 def health_values(samples: SplitSamples, base: SplitSamples | None) -> dict[str, np.ndarray]:
     """Every sample's image-health measures (common/image_health.py), those against the
-    base on the base's sample of the same noise (without a base: against itself, 0)."""
+    base on the base's sample of the same noise (without a base: against itself, 0), and
+    ``diversity_embed`` where the samples have embeddings and two or more per prompt."""
     base_thumbs = None if base is None else base.thumbnails
-    return {
+    out = {
         **samples.image_measures,
         **image_health.against_base(samples.thumbnails, base_thumbs, samples.per_prompt),
     }
+    if samples.embeddings is not None and samples.per_prompt >= 2:
+        out[DIVERSITY_EMBED] = embedding_diversity(samples.embeddings, samples.per_prompt)
+    return out
 
 
 def split_summary(samples: SplitSamples, base: SplitSamples | None = None, seed: int = 0) -> dict:
@@ -48,6 +54,8 @@ def split_summary(samples: SplitSamples, base: SplitSamples | None = None, seed:
     out["health"] = {
         "metrics": {k: v.as_dict() for k, v in summarise(health, n_prompts, seed).items()}
     }
+    if samples.embedding_scorer is not None:  # whose features diversity_embed reads
+        out["health"]["embedding_scorer"] = samples.embedding_scorer
     if base is not None:
         own = health_values(base, None)
         diffs = paired(health, own, n_prompts, seed)

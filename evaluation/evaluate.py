@@ -19,7 +19,7 @@ from ..common.families import PipelineComponents, pipeline_sampling_grid
 from ..common.prompts import read_prompts
 from ..rollout_worker.engine import RolloutEngine
 from ..rollout_worker.plan import anchor_plan
-from .metrics import make_scorers, score_samples
+from .metrics import embed_samples, make_scorers, score_samples
 
 SPLIT_SEED_OFFSET = {"held_out": 0, "train": 1}
 
@@ -97,6 +97,8 @@ class SplitSamples:
     per_prompt: int
     images: np.ndarray  # uint8 [P·n, H, W, 3]
     values: dict[str, np.ndarray]  # metric → [P·n]
+    embeddings: np.ndarray | None = None  # float16 [P·n, D] unit image features, or None
+    embedding_scorer: str | None = None  # the scorer they are of
 
     # Computed once: a base's are read for every model compared against it.
     @cached_property
@@ -164,7 +166,8 @@ def evaluate_policy(
     *,
     progress: bool = False,
 ) -> dict[str, SplitSamples]:
-    """Sample and score every split."""
+    """Sample and score every split; the samples' image embeddings by the first scorer
+    that has them (for ``diversity_embed``)."""
     scorers = scorers or make_scorers(settings.scorers, settings.device)
     out = {}
     for split in settings.splits:
@@ -174,5 +177,7 @@ def evaluate_policy(
         images = sample_fixed_noise(
             comps, listed, split_seed(split, settings.seed), settings, progress=progress
         )
-        out[split] = SplitSamples(split, prompts, n, images, score_samples(scorers, images, listed))
+        values = score_samples(scorers, images, listed)
+        embedder, embeddings = embed_samples(scorers, images)
+        out[split] = SplitSamples(split, prompts, n, images, values, embeddings, embedder)
     return out

@@ -51,6 +51,40 @@ def score_samples(scorers: Mapping, images: np.ndarray, prompts: list[str]) -> d
     return out
 
 
+def embedding_scorer_in(scorers: Mapping) -> str | None:
+    """The first of ``scorers`` (name -> scorer object) with an image tower, or None."""
+    from ..reward_server.scorers.base import can_embed
+
+    return next((name for name, scorer in scorers.items() if can_embed(scorer)), None)
+
+
+def embed_samples(scorers: Mapping, images: np.ndarray) -> tuple[str | None, np.ndarray | None]:
+    """(scorer, float16 [N, D] unit image embeddings) of the first scorer with an image
+    tower, rounded as the reward server sends them; (None, None) without one."""
+    name = embedding_scorer_in(scorers)
+    if name is None:
+        return None, None
+    return name, np.asarray(scorers[name].embed(images), dtype=np.float16)
+
+
+def embed_saved_images(specs: list[str], images: np.ndarray, device: str = "cpu") -> dict:
+    """Image embeddings of saved images (uint8 [N, H, W, 3], e.g. an evaluation's
+    ``evals/it_N.images.npz``) in this process: {scorer: float32 [N, D], unit rows} for
+    each scorer of ``specs`` (``NAME`` or ``NAME=LOCAL_DIR``, as ``train.reward.scorers``)
+    that has an image tower."""
+    from ..reward_server.scorers.base import can_embed
+    from ..reward_server.scorers.registry import EMBEDDING_SCORERS
+
+    scorers = make_scorers(specs, device)
+    out = {name: s.embed(images) for name, s in scorers.items() if can_embed(s)}
+    if not out:
+        raise UsageError(
+            f"scorers {sorted(scorers)}: none has an image embedding; "
+            f"give one of {sorted(EMBEDDING_SCORERS)}"
+        )
+    return out
+
+
 def pass_from_scores(scores: Mapping[str, list[float]]) -> dict[str, np.ndarray]:
     """Metrics from a reward server's scores: each score, and the checker's strict
     pass (all three criteria met ⇔ its score is 1)."""

@@ -33,6 +33,7 @@ from ..common.redis_access import connect_redis
 from .batcher import DynamicBatcher
 from .cache import MemoryCache, RedisCache, cache_keys
 from .discovery import ReplicaInfo, deregister, register
+from .embeddings import check_embeddable, embed_images
 from .metrics import ServerMetrics
 from .schemas import (
     SAFETENSORS_TYPE,
@@ -345,6 +346,7 @@ async def score_request(
     if unknown:
         known = ", ".join(sorted(state.batchers))
         raise ApiError(422, f"scorers: unknown {unknown}; this replica serves {known}", "scorers")
+    check_embeddable(req.embed, state.batchers)
     return req
 
 
@@ -442,6 +444,7 @@ async def score(
     scored = await asyncio.gather(*(_score_cached(state, n, arr, req.prompts) for n in req.scorers))
     results = dict(zip(req.scorers, scored, strict=True))
     timings = {"decode": (decoded - start) * 1000, **{n: r.ms for n, r in results.items()}}
+    embeddings = await embed_images(state.batchers, req.embed, arr, timings)
     timings["total"] = (time.perf_counter() - start) * 1000
     return ScoreResponse(
         request_id=req.request_id,
@@ -450,6 +453,7 @@ async def score(
         cached={n: r.cached for n, r in results.items()},
         timings_ms=timings,
         replica=state.settings.replica_id,
+        embeddings=embeddings,
     )
 
 

@@ -61,6 +61,11 @@ class DynamicBatcher:
         await self._queue.put(_Job(images, prompts, future))
         return await future
 
+    async def call(self, fn, *args):
+        """``fn(*args)`` on this scorer's thread, between its batches (reward_server/
+        embeddings.py: an image embedding from the same model)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
     async def _next(self, timeout: float | None) -> _Job | None:
         if self._carry is not None:
             job, self._carry = self._carry, None

@@ -37,6 +37,7 @@ import numpy as np
 from ..common.errors import G2RPOError
 from ..common.redis_access import RedisPassword, connect_redis
 from .discovery import live_replicas
+from .embeddings import merge_embeddings
 from .schemas import SAFETENSORS_TYPE, ScoreRequest, ScoreResponse
 from .tls import client_verify, require_https, untrusted_server, unverified_certificate
 from .wire import encode_safetensors
@@ -129,6 +130,7 @@ def merge_responses(parts: list[ScoreResponse], request_id: str | None) -> Score
         cached={n: sum(p.cached[n] for p in parts) for n in scorers},
         timings_ms=timings,
         replica=_joined(p.replica for p in parts),
+        embeddings=merge_embeddings([p.embeddings for p in parts]),
     )
 
 
@@ -288,10 +290,12 @@ class RewardClient:
         prompts: list[str],
         scorers: list[str],
         request_id: str | None = None,
+        embed: list[str] = (),
     ) -> concurrent.futures.Future:
-        """Score in the background; the future resolves to a ScoreResponse."""
+        """Score in the background; the future resolves to a ScoreResponse (with the
+        image embeddings of the scorers in ``embed``: reward_server/embeddings.py)."""
         return asyncio.run_coroutine_threadsafe(
-            self.score_async(images, prompts, scorers, request_id), self._loop
+            self.score_async(images, prompts, scorers, request_id, embed), self._loop
         )
 
     def score(
@@ -300,8 +304,9 @@ class RewardClient:
         prompts: list[str],
         scorers: list[str],
         request_id: str | None = None,
+        embed: list[str] = (),
     ) -> ScoreResponse:
-        return self.submit(images, prompts, scorers, request_id).result()
+        return self.submit(images, prompts, scorers, request_id, embed).result()
 
     def request_limit(self) -> int:
         """The body size requests are cut to: ours, or a server's if it named a lower one."""
@@ -313,6 +318,7 @@ class RewardClient:
         prompts: list[str],
         scorers: list[str],
         request_id: str | None = None,
+        embed: list[str] = (),
     ) -> ScoreResponse:
         """One ScoreResponse for the whole batch, sent as requests of at most
         ``request_bytes`` (see the module's docstring); ``last_requests`` then lists
@@ -335,6 +341,7 @@ class RewardClient:
             # per call: concurrent calls (g2rpo bench reward's simulated clients) are not
             # queued behind each other
             asyncio.Semaphore(self.concurrency),
+            list(embed),
         )
         sent: list[SentRequest] = []
         try:
@@ -371,7 +378,10 @@ class RewardClient:
             body = await asyncio.to_thread(encode_safetensors, batch.images[lo:hi])
             chunk_id = batch.request_id if batch.whole(lo, hi) else batch.chunk_id(lo, hi)
             header = ScoreRequest(
-                scorers=batch.scorers, prompts=batch.prompts[lo:hi], request_id=chunk_id
+                scorers=batch.scorers,
+                prompts=batch.prompts[lo:hi],
+                request_id=chunk_id,
+                embed=batch.embed,
             )
             answer = await self._send(header, body, lo, hi - lo, sent)
         if isinstance(answer, ScoreResponse):
@@ -421,7 +431,8 @@ class RewardClient:
                     request = self._http.build_request(
                         "POST",
                         f"{url}/v1/score",
-                        data={"request": header.model_dump_json()},
+                        # defaults left out: a server of before `embed` reads it
+                        data={"request": header.model_dump_json(exclude_defaults=True)},
                         files={"images": ("batch.safetensors", body, SAFETENSORS_TYPE)},
                     )
                     length = int(request.headers["content-length"])
@@ -476,6 +487,7 @@ class _Batch:
     request_id: str | None
     prompt_bytes: int
     slots: asyncio.Semaphore  # requests of this call in flight
+    embed: list[str] = dataclasses.field(default_factory=list)  # scorers to embed with
 
     @property
     def image_bytes(self) -> int:

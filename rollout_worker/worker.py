@@ -294,11 +294,17 @@ class RolloutWorkerCore:
     def evaluate(
         self, prompts: list[str], seed: int, rewards: RewardEndpoints, first: int = 0, total=None
     ) -> EvalSamples:
-        """Deterministic anchor samples of fixed prompts with fixed noise, scored;
+        """Deterministic anchor samples of fixed prompts with fixed noise, scored, with
+        the image embeddings of one scorer that has them (a held-out one first);
         ``first``/``total``: see ``eval_images``."""
+        from ..reward_server.embeddings import embedding_scorer, response_embeddings
+
         t0 = time.perf_counter()
         images = self.eval_images(prompts, seed, first, total)
-        response = self._reward_client(rewards).score(images, prompts, self._scorer_names(rewards))
+        names = self._scorer_names(rewards)
+        embedder = embedding_scorer(names, [r.name for r in self.cfg.rewards])
+        embed = [embedder] if embedder else []
+        response = self._reward_client(rewards).score(images, prompts, names, embed=embed)
         health = {k: v.tolist() for k, v in image_health.per_image(images).items()}
         return EvalSamples(
             images,
@@ -307,6 +313,8 @@ class RolloutWorkerCore:
             self.version,
             health=health,
             thumbnails=image_health.thumbnails(images),
+            embeddings=response_embeddings(response, embedder) if embedder else None,
+            embedding_scorer=embedder,
         )
 
     def eval_images(

@@ -53,7 +53,9 @@ def test_a_pipeline_against_itself_differs_by_exactly_nothing(world, tmp_path):
     # the image-health measures, each with its paired change against the base
     health = held["health"]
     assert set(health["metrics"]) == set(health["vs_base"]) == {
-        "high_freq", "periodicity", "saturation", "base_distance", "background_shift", "diversity"
+        "high_freq", "periodicity", "saturation", "base_distance", "background_shift", "diversity",
+        "diversity_embed",  # shapes_clip's image embedding
+        "high_freq_p8", "high_freq_p16", "contrast", "sharpness", "glyph_area",  # issue 57
     }  # fmt: skip
     assert 0 < health["metrics"]["high_freq"]["mean"] < 1
     assert health["metrics"]["base_distance"]["mean"] == 0.0  # against itself

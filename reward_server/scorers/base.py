@@ -23,6 +23,28 @@ class Scorer(Protocol):
         ...
 
 
+@runtime_checkable
+class Embedder(Protocol):
+    """A scorer with an image tower: its L2-normalised image features. Optional: a scorer
+    without one (jpeg, the shapes oracle) has no ``embed``; ``can_embed`` tells them apart."""
+
+    name: str
+
+    def embed(self, images: np.ndarray) -> np.ndarray:
+        """images: uint8 [N, H, W, 3]. Returns float32 [N, D], each row of unit norm."""
+        ...
+
+
+def can_embed(scorer) -> bool:
+    return isinstance(scorer, Embedder)
+
+
+def check_images(images) -> np.ndarray:
+    """Validate an image batch (no prompts); returns it as uint8 [N, H, W, 3]."""
+    arr = np.asarray(images)
+    return check_batch(arr, [""] * (arr.shape[0] if arr.ndim == 4 else 0))
+
+
 def check_batch(images, prompts: list[str]) -> np.ndarray:
     """Validate a batch; returns the images as a uint8 numpy array [N, H, W, 3]."""
     arr = np.asarray(images)

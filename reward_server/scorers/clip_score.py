@@ -15,7 +15,7 @@ from cachetools import LRUCache
 from PIL import Image
 
 from ...common.loaders import resolve_local_dir
-from .base import check_batch, torch_dtype, weights_version
+from .base import check_batch, check_images, torch_dtype, weights_version
 
 # A score must not depend on the company its image came in: the server's dynamic
 # batcher merges whichever requests arrive together, so the same image is scored in a
@@ -100,15 +100,29 @@ class ClipScore:
         row = torch.tensor([unique.index(p) for p in prompts], device=self.device)
         out = []
         for lo in range(0, arr.shape[0], self.batch_size):
-            chunk = arr[lo : lo + self.batch_size]
-            n = len(chunk)
-            if n < MIN_IMAGE_ROWS:  # padded: the same kernels as in any larger call
-                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], MIN_IMAGE_ROWS - n, 0)])
-            pixels = self._pixels(chunk).to(self.device, self.dtype)
-            img = m.visual_projection(m.vision_model(pixel_values=pixels).pooler_output)[:n]
-            img = img.float() / img.float().norm(dim=-1, keepdim=True)
-            cos = (img * text[row[lo : lo + n]]).sum(dim=-1)
+            img = self._unit_image_features(arr[lo : lo + self.batch_size])
+            cos = (img * text[row[lo : lo + len(img)]]).sum(dim=-1)
             if self.scale == "logit":
                 cos = cos * m.logit_scale.float().exp()
             out.append(cos.float().cpu())
         return torch.cat(out).numpy().astype(np.float32)
+
+    def _unit_image_features(self, chunk: np.ndarray) -> torch.Tensor:
+        """float32 [n, D] unit image embeddings of at most ``batch_size`` images."""
+        m, n = self.model, len(chunk)
+        if n < MIN_IMAGE_ROWS:  # padded: the same kernels as in any larger call
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], MIN_IMAGE_ROWS - n, 0)])
+        pixels = self._pixels(chunk).to(self.device, self.dtype)
+        img = m.visual_projection(m.vision_model(pixel_values=pixels).pooler_output)[:n]
+        return img.float() / img.float().norm(dim=-1, keepdim=True)
+
+    @torch.no_grad()
+    def embed(self, images) -> np.ndarray:
+        """float32 [N, D]: the unit image embeddings the score takes its cosine of."""
+        arr = check_images(images)
+        dim = self.model.config.projection_dim
+        parts = [
+            self._unit_image_features(arr[lo : lo + self.batch_size]).cpu()
+            for lo in range(0, arr.shape[0], self.batch_size)
+        ]
+        return torch.cat(parts).numpy() if parts else np.zeros((0, dim), np.float32)

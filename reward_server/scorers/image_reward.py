@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from ...common.loaders import resolve_local_dir
-from .base import check_batch, torch_dtype, weights_version
+from .base import check_batch, check_images, torch_dtype, weights_version
 
 
 class ImageRewardScore:
@@ -69,3 +69,18 @@ class ImageRewardScore:
             )
             out.append(reward.float().cpu())
         return torch.cat(out).numpy().astype(np.float32)
+
+    @torch.no_grad()
+    def embed(self, images) -> np.ndarray:
+        """float32 [N, D]: BLIP's contrastive image feature (the vision tower's class
+        token through ``vision_proj``, L2-normalised), which the reward itself does not use."""
+        arr = check_images(images)
+        m, out = self.model, []
+        for lo in range(0, arr.shape[0], self.batch_size):
+            pixels = self._pixels(arr[lo : lo + self.batch_size]).to(self.device, self.dtype)
+            cls = m.vision_model(pixel_values=pixels).last_hidden_state[:, 0, :]
+            feat = m.vision_proj(cls).float()
+            out.append((feat / feat.norm(dim=-1, keepdim=True)).cpu())
+        if not out:
+            return np.zeros((0, m.config.embed_dim), np.float32)
+        return torch.cat(out).numpy()

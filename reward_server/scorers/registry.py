@@ -75,6 +75,12 @@ def _registry() -> dict[str, Callable[..., Scorer]]:
     }
 
 
+# The scorers whose objects have an image tower (``base.Embedder``): a worker picks the
+# one whose embeddings an evaluation asks for by name, without the scorer at hand
+# (tests/test_embedding_diversity.py checks this against the objects).
+EMBEDDING_SCORERS = frozenset({"shapes_clip", "clip_score", "pickscore", "hpsv2", "image_reward"})
+
+
 def scorer_names() -> list[str]:
     return sorted(_registry())
 
