@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from .config_section import Section
 
-_TESTS = ("rises_by", "falls_by", "above", "below")
+_TESTS = ("rises_by", "falls_by", "rises_rel", "falls_rel", "above", "below")
 
 
 class GuardRule(Section):
@@ -25,6 +25,14 @@ class GuardRule(Section):
     )
     falls_by: float | None = Field(
         None, description="crossed when that CI lies wholly below minus this"
+    )
+    rises_rel: float | None = Field(
+        None,
+        description="crossed when that CI lies wholly above this share of the first "
+        "evaluation's mean (a threshold relative to the base: saturation, contrast)",
+    )
+    falls_rel: float | None = Field(
+        None, description="crossed when that CI lies wholly below minus this share of it"
     )
     above: float | None = Field(
         None, description="crossed when the evaluation's mean is above this"
@@ -48,27 +56,22 @@ class GuardRule(Section):
         return f"{self.signal} {test.replace('_', ' ')} {getattr(self, test):g}"
 
 
-def default_rules() -> list[GuardRule]:
-    """The hacking study's rules (docs/results/hacking: on its 8 runs they stop every run
-    in which a person saw a hack and neither clean run; chosen after seeing all 8, so
-    they are not held out): texture (high-frequency share, spectral peaks), the
-    background, distance from the base, collapse, and the held-out reward falling while
-    the trained one rises."""
-    return [
-        GuardRule(signal="health/high_freq", rises_by=0.02),
-        GuardRule(signal="health/periodicity", rises_by=0.02),
-        GuardRule(signal="health/background_shift", rises_by=0.05),
-        GuardRule(signal="health/base_distance", rises_by=0.07),
-        GuardRule(signal="health/diversity", falls_by=0.03),
-        GuardRule(signal="drift/diverging", above=0.5),
-    ]
-
-
 class GuardConfig(Section):
-    """``train.guard``: off by default; ``stop`` ends the run (checkpointed, exported and
-    evaluated as a finished run, ``finished.json`` reason ``guard``) once any rule has
-    been crossed at ``patience`` evaluations in a row."""
+    """``train.guard``: off by default; ``alert`` says so once any rule has been crossed at
+    ``patience`` evaluations in a row and keeps the last healthy checkpoint; ``stop`` also
+    ends the run (checkpointed, exported and evaluated as a finished run,
+    ``finished.json`` reason ``guard``)."""
 
-    action: Literal["off", "stop"] = "off"
+    action: Literal["off", "alert", "stop"] = Field(
+        "off",
+        description="alert: once a rule holds at `patience` evaluations in a row, say so (log, "
+        "guard/tripped row, g2rpo_train_guard{stat=tripped}) and keep the last healthy "
+        "checkpoint (healthy.json; `g2rpo export RUN --checkpoint healthy`), training on; "
+        "stop: the same, then end the run",
+    )
     patience: int = Field(2, ge=1, description="consecutive evaluations a rule must be crossed at")
-    rules: list[GuardRule] = Field(default_factory=default_rules)
+    rules: list[GuardRule] | None = Field(
+        None,
+        description="the rules; left out, those calibrated for train.image_size "
+        "(common/guard_defaults.py, filled in by the train section)",
+    )

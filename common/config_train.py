@@ -297,6 +297,14 @@ class TrainConfig(Section):
             raise ValueError(problem)
         return self
 
+    @model_validator(mode="after")
+    def _guard_rules_for_the_size(self) -> TrainConfig:
+        if self.guard.rules is None:  # none given: the size's own
+            from .guard_defaults import default_rules
+
+            self.guard.rules = default_rules(self.image_size)
+        return self
+
     def ray_options(self, kind: ActorResources) -> dict:
         """The options ``Actor.options(**...)`` takes for an actor of ``kind`` (one of
         this section's actor kinds): its resources, and ``env_vars`` as its runtime

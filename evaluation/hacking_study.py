@@ -20,6 +20,7 @@ import yaml
 
 from ..common.config_guard import GuardConfig, GuardRule
 from ..common.guard import Guard
+from ..common.guard_defaults import default_rules
 from ..run_directory.files import read_metrics
 
 PATIENCE = 2
@@ -80,7 +81,7 @@ def study(runs_dir: Path, labels_path: Path) -> dict:
         lab = labels[name]
         trip = trip_of(rows, rules)
         per_rule = {r.describe(): trip_of(rows, [r]) for r in rules}
-        defaults = trip_of(rows, GuardConfig().rules)
+        defaults = trip_of(rows, default_rules())
         out_runs[name] = {
             "seed_role": "choosing" if _seed(name) in choose else "held out",
             "hack": lab["hack"],
@@ -101,7 +102,7 @@ def study(runs_dir: Path, labels_path: Path) -> dict:
         "patience": PATIENCE,
         "choose_seeds": sorted(choose),
         "chosen_rules": [r.describe() for r in rules],
-        "default_rules": [r.describe() for r in GuardConfig().rules],
+        "default_rules": [r.describe() for r in default_rules()],
         "runs": out_runs,
     }
 

@@ -57,6 +57,8 @@ def _run_checkpoint(run: Path, which: str) -> Path:
     from ..run_directory.files import list_checkpoints
 
     ckpts = list_checkpoints(run)
+    if which == "healthy":
+        return _healthy_checkpoint(run)
     if which == "latest":
         if not ckpts:
             raise ModelPathError(f"{run}: no checkpoints/it_* to evaluate")
@@ -72,11 +74,34 @@ def _run_checkpoint(run: Path, which: str) -> Path:
     return found[0]
 
 
+def _healthy_checkpoint(run: Path) -> Path:
+    """The checkpoint ``healthy.json`` names: the newest at or before the run's last
+    evaluation that train.guard found healthy."""
+    from ..run_directory.healthy import kept_for_health, read_healthy
+
+    known = read_healthy(run)
+    if known is None:
+        raise ModelPathError(
+            f"--checkpoint healthy: {run}/healthy.json does not exist (train.guard was off, "
+            "or no evaluation has been read yet)"
+        )
+    path = kept_for_health(run)
+    if path is None:
+        raise ModelPathError(
+            f"--checkpoint healthy: the last healthy evaluation is iteration "
+            f"{known['iteration']}, but no checkpoint at or before it is left "
+            f"(healthy.json names {known.get('checkpoint')}); train.checkpoints.every sets "
+            "how often there is one"
+        )
+    return path
+
+
 def resolve_policy(
     target: str | Path, *, base: str | Path | None = None, checkpoint: str | None = None
 ) -> PolicySource:
     """Work out what ``target`` is. ``checkpoint``: for a run, ``final`` (default when
-    it exists), ``latest``, an iteration number or a checkpoint name."""
+    it exists), ``latest``, ``healthy`` (train.guard's last healthy evaluation), an
+    iteration number or a checkpoint name."""
     path = resolve_path(target)
     if not path.exists():
         raise ModelPathError(f"eval target {str(target)!r} does not exist")

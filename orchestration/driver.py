@@ -38,6 +38,7 @@ from ..run_directory.files import (
     record_checkpoint,
     replace_other_layout,
 )
+from ..run_directory.healthy import kept_for_health, note_guard_reading
 from .budget import Budget
 from .cluster import RunActors, record_actors, start_actors
 from .evaluations import (
@@ -120,7 +121,7 @@ class TrainingLoop:
 
     def __post_init__(self) -> None:
         self.budget = Budget(self.cfg.run.nfe_budget)
-        self.guard = Guard(self.cfg.train.guard)
+        self.guard = Guard(self.cfg.train.guard, say=lambda m: print(m, file=sys.stderr))
         self.publisher = publisher_for(self.actors, self.cfg)
         self.restart_s = worker_start_timeout_s(self.cfg)
 
@@ -279,7 +280,7 @@ class TrainingLoop:
         record_checkpoint(self.run_dir, path)
         self.checkpointed_at = time.monotonic()
         self.at("checkpointed", done)
-        prune_checkpoints(self.run_dir, self.cfg)
+        prune_checkpoints(self.run_dir, self.cfg, also_keep=kept_for_health(self.run_dir))
         # curves.png at the session's last checkpoint, and at most once a minute before:
         # a redraw is 0.5 s of driver time on 2 cores, a quarter of a tiny-world iteration
         now = time.monotonic()
@@ -385,7 +386,7 @@ class TrainingLoop:
         done = start
         try:
             for it in range(start, end):
-                if self.budget.exhausted() or self.guard.tripped is not None:
+                if self.budget.exhausted() or self.guard.stops:
                     break  # (a resumed run the guard had stopped trains no further)
                 last = it == end - 1 or self.budget.next_is_last()
                 # a finished run's trained weights are evaluated by finish() (lifecycle),
@@ -395,8 +396,9 @@ class TrainingLoop:
                 short = stops_short(it, end, self.cfg.run.iterations)
                 row = self.iteration(it, last, evaluate=short)
                 row.update(self.guard.observe(row))  # train.guard: hacking judged here
+                note_guard_reading(self.run_dir, row, self.guard.tripped)
                 done = it + 1
-                stop = done == end or self.budget.exhausted() or self.guard.tripped is not None
+                stop = done == end or self.budget.exhausted() or self.guard.stops
                 self.record(row, stop)
                 since = time.monotonic() - self.checkpointed_at
                 if stop or checkpoint_due(done, since, self.cfg.train.checkpoints):

@@ -148,7 +148,7 @@ def finish(loop, start: int, done: int) -> None:
         reason = "iterations"
     elif loop.budget.exhausted():
         reason = "nfe_budget"
-    elif loop.guard.tripped is not None:
+    elif loop.guard.stops:
         reason = "guard"
         print(loop.guard.message(), file=sys.stderr)
     else:

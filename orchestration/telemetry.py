@@ -60,9 +60,17 @@ class TrainingExporter:
         )
         self.guard = Gauge(
             "g2rpo_train_guard",
-            "train.guard at the last evaluation: rules crossed now, and consecutive "
-            "evaluations with any crossed",
+            "train.guard at the last evaluation: rules crossed now (crossed), consecutive "
+            "evaluations with any crossed (streak), rules without a signal (missing), 1 "
+            "once a rule held at train.guard.patience evaluations in a row (tripped)",
             ["stat"],
+            registry=r,
+        )
+        self.guard_rule = Gauge(
+            "g2rpo_train_guard_rule",
+            "Each train.guard rule at the last evaluation: crossed 1 or 0, or missing 1 "
+            "when the evaluation does not record its signal",
+            ["rule", "state"],
             registry=r,
         )
         self.loss = Gauge("g2rpo_train_loss", "PPO-clip loss", registry=r)
@@ -124,8 +132,13 @@ class TrainingExporter:
                 self.advantage_share.labels(key.split("/", 1)[1]).set(value)
             elif key.startswith("eval/health/") or key.startswith("eval/drift/"):
                 self._observe_health(key, value)
-            elif key in ("guard/crossed", "guard/streak"):
+            elif key in ("guard/crossed", "guard/streak", "guard/missing", "guard/tripped"):
                 self.guard.labels(key.split("/", 1)[1]).set(value)
+            elif key.startswith(("guard/rule/", "guard/missing/")):
+                state, rule = key[len("guard/") :].split("/", 1)
+                crossed = state == "rule"  # a signal seen now: the rule is no longer missing
+                self.guard_rule.labels(rule, "crossed" if crossed else "missing").set(value)
+                self.guard_rule.labels(rule, "missing").set(0 if crossed else value)
             elif key.startswith("eval/") and key.endswith(_CHANGE_SUFFIXES):
                 name, suffix = key[len("eval/") :].rsplit("/", 1)
                 self.eval_change.labels(name, CHANGE_BOUNDS[suffix]).set(value)

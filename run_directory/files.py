@@ -156,9 +156,10 @@ def incomplete_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found)
 
 
-def prune_checkpoints(run_dir: Path, cfg: G2RPOConfig) -> list[Path]:
+def prune_checkpoints(run_dir: Path, cfg: G2RPOConfig, also_keep: Path | None = None) -> list[Path]:
     """Delete what a crashed save left, and periodic checkpoints beyond the newest
-    ``train.checkpoints.keep``; those named in ``train.checkpoints.at`` stay."""
+    ``train.checkpoints.keep``; those named in ``train.checkpoints.at`` stay, and
+    ``also_keep`` (train.guard's healthy one, ``run_directory/healthy.py``)."""
     leftovers = incomplete_checkpoints(run_dir)
     for p in leftovers:
         remove_checkpoint(p)
@@ -167,7 +168,7 @@ def prune_checkpoints(run_dir: Path, cfg: G2RPOConfig) -> list[Path]:
         return leftovers
     pinned = set(cfg.train.checkpoints.at)
     periodic = [p for p in list_checkpoints(run_dir) if iteration_of(p) not in pinned]
-    doomed = periodic[:-keep]
+    doomed = [p for p in periodic[:-keep] if p != also_keep]
     for p in doomed:
         remove_checkpoint(p)
     return leftovers + doomed
