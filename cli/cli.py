@@ -9,6 +9,8 @@ import sys
 from g2rpo import __version__
 from g2rpo.cli_bench import add_bench_parsers
 from g2rpo.cli_evidence import add_evidence_parsers
+from g2rpo.cli_guard import add_guard_parsers
+from g2rpo.cli_hacking import add_hacking_parsers
 from g2rpo.cli_plan import add_doctor_parser, add_plan_parsers
 from g2rpo.cli_rehearse import add_rehearse_parser
 from g2rpo.cli_reward import add_reward_parsers
@@ -222,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_parsers(sub)
     add_doctor_parser(sub)
     add_rehearse_parser(sub)
+    add_guard_parsers(sub)
+    add_hacking_parsers(sub)
 
     emb = sub.add_parser(
         "embed-prompts", help="precompute prompt embeddings into a safetensors cache"
