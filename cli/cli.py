@@ -55,7 +55,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             )
     except KeyboardInterrupt as exc:
         return interrupted_exit_code(exc)
-    from g2rpo.orchestration.records import evaluation_change
+    from g2rpo.run_directory.eval_rows import evaluation_change
     from g2rpo.run_directory.files import read_evaluations
 
     print(f"run {run_dir}: {len(read_metrics(run_dir))} iterations in metrics.jsonl")

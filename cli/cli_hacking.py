@@ -84,3 +84,6 @@ def add_hacking_parsers(sub) -> None:
     )
     photos.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     photos.set_defaults(func=_cmd_photos)
+    from g2rpo.cli_study import add_study_parsers
+
+    add_study_parsers(checks)

@@ -156,8 +156,8 @@ def record_evaluation(run_dir, pending: PendingEval, samples, prompts, per_promp
     from ..common.embedding_diversity import NAME as DIVERSITY_EMBED
     from ..common.embedding_diversity import embedding_diversity
     from ..evaluation.metrics import pass_from_scores
+    from ..run_directory.eval_rows import HEALTH, drift_entries, eval_row
     from ..run_directory.files import save_evaluation, write_sample_grid
-    from .records import HEALTH, drift_entries, eval_row
 
     values = pass_from_scores(samples.scores)
     health = {k: np.asarray(v, dtype=np.float64) for k, v in samples.health.items()}

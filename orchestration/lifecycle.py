@@ -21,6 +21,7 @@ from ..run_directory.files import (
     read_metrics,
     truncate_metrics,
 )
+from ..run_directory.healthy import note_guard_reading
 from .budget import Budget
 from .scratch_dirs import ray_owned_problem
 
@@ -165,10 +166,12 @@ def finish(loop, start: int, done: int) -> None:
 
 def _evaluate_final(loop, done: int) -> None:
     """The trained weights' own evaluation (evals/it_<done>.json), so that the
-    reward-vs-NFE curve ends at the run's last NFE."""
+    reward-vs-NFE curve ends at the run's last NFE, read by train.guard as the others."""
     weights = loop.publish()
     pending = loop.evaluate(done, weights, forced=True)
-    loop.collect_evaluation(pending)
+    row = {"iteration": done, **loop.collect_evaluation(pending)}
+    # train.guard reads it too (no metrics row holds it: its reading goes to its record)
+    note_guard_reading(loop.run_dir, {**row, **loop.guard.observe(row)}, loop.guard.tripped)
 
 
 def checkpoint_due(done: int, since_s: float, checkpoints) -> bool:

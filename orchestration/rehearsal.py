@@ -168,7 +168,7 @@ def rehearse(
     import ray
 
     from .local_nodes import LocalCluster
-    from .rehearsal_report import actors_memory, files_by_node, phase_seconds, sizes
+    from .rehearsal_report import actors_memory, evaluations, files_by_node, phase_seconds, sizes
     from .rehearsal_setup import build_models, rehearsal_of, write_prompts
 
     out = Path(out).absolute()
@@ -226,6 +226,7 @@ def rehearse(
     report["bytes"] = sizes(run_dir)
     report["memory"] = actors_memory(run_dir, faults)
     report["files"] = files_by_node(out, [n.name for n in plan.nodes])
+    report["evaluations"] = evaluations(run_dir, cfg) if run_dir.is_dir() else []
     report["passed"] = failure is None
     if failure is not None:
         report["failure"] = failure

@@ -141,4 +141,48 @@ def format_report(report: dict) -> str:
             f"  {place:<28} {what['files']:>5} files {what['bytes'] / MiB:9.1f} MiB  "
             + ", ".join(what["some"][:4])
         )
+    lines.append("evaluations (what catches reward hacking: health measures, drift, train.guard):")
+    for e in report.get("evaluations", []):
+        g = e["guard"]
+        guard = (
+            f"guard crossed {g.get('guard/crossed')}, missing {g.get('guard/missing')}"
+            if g
+            else "guard: no reading"
+        )
+        lines.append(
+            f"  iteration {e['iteration']:<6} {e['samples']} samples, {len(e['health'])} "
+            f"measures, drift {'yes' if e['drift'] else 'none'}, {guard}"
+        )
     return "\n".join(lines)
+
+
+def evaluations(run_dir: Path, cfg) -> list[dict]:
+    """Each evaluation's image-health measures (the names its record holds a value of for
+    every sample), its drift entries (``eval/drift/*``, against the first evaluation) and
+    train.guard's reading (``guard/*``, from its record): what a run of the recipe records
+    to catch reward hacking."""
+    from ..run_directory.eval_rows import drift_entries, evaluation_change
+    from ..run_directory.files import read_evaluations
+
+    records = read_evaluations(run_dir)
+    trained = {r.name: r.weight for r in cfg.rewards}
+    out = []
+    for record in records:
+        n = len(next(iter(record["scores"].values()), []))
+        health = record.get("health", {})
+        full = sorted(k for k, v in health.items() if len(v) == n and not _all_nan(v))
+        row = evaluation_change(records[0], record) if record is not records[0] else {}
+        out.append(
+            {
+                "iteration": record["iteration"],
+                "samples": n,
+                "health": full,
+                "drift": drift_entries(row, trained) if row else {},
+                "guard": record.get("guard", {}),
+            }
+        )
+    return out
+
+
+def _all_nan(values) -> bool:
+    return all(v is None or v != v for v in values)

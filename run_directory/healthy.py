@@ -28,10 +28,17 @@ def read_healthy(run_dir: str | Path) -> dict | None:
 
 
 def note_guard_reading(run_dir: Path, row: dict, tripped: dict | None) -> None:
-    """After an evaluation's guard entries (``Guard.observe``): a healthy evaluation moves
-    the mark forward; the alarm records itself beside the mark, once."""
+    """After an evaluation's guard entries (``Guard.observe``): the reading joins the
+    evaluation's record (evals/it_N.json ``guard``: the final evaluation has no metrics
+    row); a healthy evaluation moves the mark forward; the alarm records itself beside the
+    mark, once."""
     if "guard/crossed" not in row:
         return
+    record_path = run_dir / "evals" / f"it_{row['iteration']:05d}.json"
+    if record_path.is_file():
+        record = json.loads(record_path.read_text())
+        record["guard"] = {k: v for k, v in row.items() if k.startswith("guard/")}
+        write_json_atomic(record_path, record)
     known = read_healthy(run_dir) or {}
     if row["guard/crossed"] == 0 and "tripped" not in known:
         it = row["iteration"]

@@ -256,3 +256,29 @@ def test_calibration_fits_each_rule_above_what_clean_runs_held_twice_in_a_row():
         {"signal": r.signal, "rises_by": r.rises_by} for r in out["rules"] if r.rises_by
     ])])  # fmt: skip
     assert loaded.train.guard.rules[0].rises_by == 0.05
+
+
+def test_the_photograph_rules_are_the_photograph_check_s_thresholds_rounded_up():
+    # the defaults of every GPU recipe: docs/results/hacking/photos's calibration, per size
+    import math
+
+    from g2rpo.common.guard_defaults import PHOTO_THRESHOLDS, photograph_rules
+
+    def up(x):  # to 2 significant digits, never below
+        if x <= 0:
+            return 0.0
+        e = math.floor(math.log10(x)) - 1
+        return round(math.ceil(x / 10**e) * 10**e, 10)
+
+    from pathlib import Path
+
+    results = json.loads(Path("docs/results/hacking/photos/results.json").read_text())
+    for side, fitted in results["per_size"].items():
+        want = {m: up(t) for m, t in fitted["thresholds"].items()}
+        want["diversity"] = up(fitted["groups"]["threshold"])
+        assert PHOTO_THRESHOLDS[int(side)] == want, side
+    at_720 = {r.describe() for r in photograph_rules(720)}
+    assert "health/saturation rises rel 0.067" in at_720
+    assert "health/diversity falls rel 0.33" in at_720
+    assert "health/sharpness rises by 0.043" in at_720
+    assert {r.describe() for r in photograph_rules(1000)} != at_720  # 1024's

@@ -8,7 +8,7 @@ import pytest
 from g2rpo.common import image_health as H
 from g2rpo.common.shapes import parse_prompt, render_batch
 from g2rpo.evaluation.evaluate import split_prompts
-from g2rpo.orchestration.records import drift_entries, eval_row, held_out_metrics
+from g2rpo.run_directory.eval_rows import drift_entries, eval_row, held_out_metrics
 
 
 def _flat(n=2, size=32, rgb=(120, 60, 200)):

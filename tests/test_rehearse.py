@@ -111,9 +111,25 @@ def test_flux_hps_rehearses_on_two_nodes_at_its_true_sizes(tmp_path):
     # iteration 0 (train.eval.every 25), and the trained weights after the resumed session
     assert evals == ["it_00000.json", "it_00002.json"]
     scored = json.loads((run / "evals" / "it_00002.json").read_text())["scores"]
-    assert len(scored["hpsv2"]) == 400  # the recipe's held-out evaluation, every sample
+    assert len(scored["hpsv2"]) == 800  # the recipe's held-out evaluation: 400 prompts x 2
     assert (run / "final" / "transformer" / "config.json").is_file()
     assert (run / "finished.json").is_file()
+
+    # what catches reward hacking, at each evaluation (issue 57): every health measure of
+    # every sample (2 a prompt: diversity; the held-out clip_score's embedding: its
+    # diversity), the drift of the held-out clip_score against the trained hpsv2, and
+    # train.guard's reading (action alert), the final evaluation's included
+    from g2rpo.common.image_health import AGAINST_BASE, PER_IMAGE
+
+    measures = sorted({*PER_IMAGE, *AGAINST_BASE, "diversity_embed"})
+    first, final = report["evaluations"]
+    assert [first["iteration"], final["iteration"]] == [0, 2]
+    assert first["samples"] == final["samples"] == 800  # 400 prompts x 2
+    assert first["health"] == final["health"] == measures
+    assert set(final["drift"]) == {"eval/drift/clip_score", "eval/drift/diverging"}
+    assert first["guard"]["guard/missing"] == final["guard"]["guard/missing"] == 0
+    assert final["guard"]["guard/crossed"] >= 0 and "guard/streak" in final["guard"]
+    assert f"guard/rule/{'drift/diverging above 0.5'}" in final["guard"]
     (failure,) = (run / "learner_failures.jsonl").read_text().splitlines()
     assert json.loads(failure)["rank"] == 1
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import yaml
-from g2rpo.orchestration.records import eval_row
 from g2rpo.orchestration.telemetry import TrainingExporter
+from g2rpo.run_directory.eval_rows import eval_row
 
 RULES = Path(__file__).parents[1] / "deploy" / "prometheus" / "rules" / "alerts.yml"
 PROMPTS, PER_PROMPT = 8, 4  # 32 held-out samples, as a small run evaluates
