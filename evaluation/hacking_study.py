@@ -1,4 +1,4 @@
-"""The reward-hacking study (docs/results/hacking/): which image-health and drift rules
+"""Issue 47's reward-hacking study (docs/results/hacking/issue47/): which image-health and drift rules
 flag which runs, at which evaluation, against a person's reading of each run's sample
 grids. Rules are chosen on the runs of the choosing seeds and judged on the others.
 
