@@ -1,5 +1,5 @@
-"""Issue 47's reward-hacking study (docs/results/hacking/issue47/): which image-health and drift rules
-flag which runs, at which evaluation, against a person's reading of each run's sample
+"""Issue 47's reward-hacking study (docs/results/hacking/issue47/): which image-health and
+drift rules flag which runs, at which evaluation, against a person's reading of each run's sample
 grids. Rules are chosen on the runs of the choosing seeds and judged on the others.
 
     python -m g2rpo.evaluation.hacking_study RUNS_DIR LABELS.yaml OUT_DIR

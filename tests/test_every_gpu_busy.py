@@ -99,14 +99,15 @@ def test_the_pairs_bundles_hold_the_reward_replicas():
 
 
 def test_the_plan_counts_an_in_pair_replica_in_its_gpu():
-    """flux_hps_8gpu's pairs: the replica's scorer (HPS-v2.1's ViT-H in bf16) and its
-    scoring batch sit on the pair's GPU through both phases; no GPU of its own is asked."""
+    """flux_hps_8gpu's pairs: the replica's scorers (HPS-v2.1's ViT-H and the held-out
+    DFN5B CLIP's, in bf16) and its scoring batch sit on the pair's GPU through both phases;
+    no GPU of its own is asked."""
     from g2rpo.planning.estimate import gpus_asked, plan
 
     cfg = load_config(REPO / "configs/flux_hps_8gpu.yaml")
     p = plan(cfg, 80)
     worker, learner, replica = p.actors
-    scorer = 2 * 986_000_000 + 64 * 16 * 2**20  # weights + a 64-image batch
+    scorer = 2 * 2 * 986_000_000 + 64 * 16 * 2**20  # two ViT-H's weights + a 64-image batch
     assert replica.peak == scorer and replica.count == 2
     assert worker.budget == 80 * GiB - scorer
     residue = sum(v for k, v in worker.parts.items() if k.startswith(("VAE", "CLIP", "T5")))

@@ -282,3 +282,29 @@ def test_the_photograph_rules_are_the_photograph_check_s_thresholds_rounded_up()
     assert "health/diversity falls rel 0.33" in at_720
     assert "health/sharpness rises by 0.043" in at_720
     assert {r.describe() for r in photograph_rules(1000)} != at_720  # 1024's
+
+
+def test_every_shipped_gpu_recipe_records_what_its_guard_reads():
+    # caught: every GPU recipe evaluated one sample a prompt (no diversity), served only its
+    # trained rewards (no drift) and shipped the guard off (issue 57); the rehearsal of
+    # configs/flux_hps.yaml (tests/test_rehearse.py) shows the signals recorded at each
+    # evaluation, every recipe's evaluation taking the same path
+    from pathlib import Path
+
+    from g2rpo.common.image_health import AGAINST_BASE, PER_IMAGE
+    from g2rpo.reward_server.scorers.registry import EMBEDDING_SCORERS
+
+    recorded = {f"health/{m}" for m in (*PER_IMAGE, *AGAINST_BASE, "diversity_embed")}
+    recipes = [p for p in sorted(Path("configs").glob("*.yaml")) if not p.name.startswith("tiny")]
+    assert len(recipes) >= 25
+    for path in recipes:
+        cfg = load_config(path)
+        t = cfg.train
+        served = [s.split("=")[0] for s in t.reward.scorers]
+        held_out = set(served) - {r.name for r in cfg.rewards}
+        assert t.eval.per_prompt >= 2, path
+        assert held_out & set(EMBEDDING_SCORERS), (path, served)
+        assert t.guard.action == "alert", path
+        for rule in t.guard.rules:
+            assert rule.signal in recorded or rule.signal == "drift/diverging", (path, rule)
+        assert {r.signal for r in t.guard.rules} >= {"health/saturation", "drift/diverging"}

@@ -62,9 +62,10 @@ def test_flux_hps_8gpu_one_node_phase_by_phase():
     # nothing of either side waits on the host
     want = {
         # 8 workers each read their bf16 transformer on the host (their largest
-        # component), rank 0 reads the transformer in float32, the replicas their scorers;
-        # nothing published yet: 177.34 + 44.34 + 3.67 + 55 = 280.35
-        "load": 8 * V + 4 * P + 2 * HPS + base,
+        # component), rank 0 reads the transformer in float32, the 2 replicas their scorers
+        # (HPS-v2.1 and the held-out DFN5B CLIP, each a ViT-H);
+        # nothing published yet: 177.34 + 44.34 + 7.35 + 55 = 284.03
+        "load": 8 * V + 4 * P + 4 * HPS + base,
         # each worker holds its images and batch: 5.34 + 23.03 + 55 = 83.37
         "rollout": 8 * (batch(2) + images(2)) + store + base,
         "publish": store + base,  # 78.03
@@ -75,10 +76,10 @@ def test_flux_hps_8gpu_one_node_phase_by_phase():
     }
     for phase, n in want.items():
         assert node.phase_bytes(phase) == n, phase
-    assert (node.peak_phase, gib(node.peak)) == ("load", 280.35)
+    assert (node.peak_phase, gib(node.peak)) == ("load", 284.03)
     assert gib(node.shm_bytes) == gib(store + GiB)  # + NCCL's segments: 24.03
     head = nodes["head"]  # the driver (1 GiB), Ray's head (2), an evaluation's images
-    evaluation = 400 * 3 * 720**2
+    evaluation = 400 * 2 * 3 * 720**2  # 400 prompts x 2 samples (issue 57)
     assert head.phase_bytes("load") == 3 * GiB
     assert head.phase_bytes("rollout") == 3 * GiB + 2 * evaluation  # held + in the store
 
@@ -122,7 +123,7 @@ def test_flux_hps_learner_worker_and_reward_nodes():
     assert workers.store_bytes == V + 8 * batch(1)  # the version its workers read: 22.60
     # publish: zero-copy, nothing private beyond the baselines (before: 8 private copies)
     assert workers.phase_bytes("publish") == workers.store_bytes + base  # 47.60
-    assert reward.phase_bytes("load") == 2 * HPS + 2 * PROCESS + RAY  # 10.67
+    assert reward.phase_bytes("load") == 4 * HPS + 2 * PROCESS + RAY  # 2 ViT-H's each: 14.35
     assert reward.store_bytes == 0 and reward.shm_bytes == GiB
 
 
@@ -134,7 +135,7 @@ def test_plan_prints_and_carries_the_host_section(capsys):
     assert host["phases"] == ["load", "rollout", "publish", "learn", "checkpoint", "export"]
     node = host["nodes"][1]
     assert (node["peak_gib"], node["peak_phase"], node["object_store_gib"]) == (
-        280.35,
+        284.03,
         "load",
         23.03,
     )
@@ -194,7 +195,7 @@ def test_doctor_fails_a_node_short_of_memtotal_and_passes_one_that_fits():
     short = (need - mem_total()) / GiB
     assert f"MemTotal {mem_total() / GiB:.1f} GiB is short" in phase["error"]
     assert f"by {short:.1f} GiB" in phase["error"] and "memory limit" in phase["error"]
-    assert phase["details"]["need_gib"] == 280.35
+    assert phase["details"]["need_gib"] == 284.03
     fits = doctor("configs/tiny.yaml")
     assert fits.returncode == 0, fits.stdout[-2000:] + fits.stderr[-2000:]
     (phase,) = json.loads(fits.stdout)["phases"]
