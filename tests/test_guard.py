@@ -4,6 +4,7 @@ image size (common/guard_defaults.py) and rules fitted to clean runs
 (evaluation/guard_calibration.py, `g2rpo guard calibrate`)."""
 
 import json
+from pathlib import Path
 
 import pytest
 from g2rpo.common.config import load_config
@@ -270,8 +271,6 @@ def test_the_photograph_rules_are_the_photograph_check_s_thresholds_rounded_up()
         e = math.floor(math.log10(x)) - 1
         return round(math.ceil(x / 10**e) * 10**e, 10)
 
-    from pathlib import Path
-
     results = json.loads(Path("docs/results/hacking/photos/results.json").read_text())
     for side, fitted in results["per_size"].items():
         want = {m: up(t) for m, t in fitted["thresholds"].items()}
@@ -289,7 +288,6 @@ def test_every_shipped_gpu_recipe_records_what_its_guard_reads():
     # trained rewards (no drift) and shipped the guard off (issue 57); the rehearsal of
     # configs/flux_hps.yaml (tests/test_rehearse.py) shows the signals recorded at each
     # evaluation, every recipe's evaluation taking the same path
-    from pathlib import Path
 
     from g2rpo.common.image_health import AGAINST_BASE, PER_IMAGE
     from g2rpo.reward_server.scorers.registry import EMBEDDING_SCORERS
@@ -308,3 +306,31 @@ def test_every_shipped_gpu_recipe_records_what_its_guard_reads():
         for rule in t.guard.rules:
             assert rule.signal in recorded or rule.signal == "drift/diverging", (path, rule)
         assert {r.signal for r in t.guard.rules} >= {"health/saturation", "drift/diverging"}
+
+
+def test_export_healthy_writes_the_checkpoint_healthy_json_names(tmp_path):
+    # caught: there was no way to get the weights of the last healthy evaluation out of a
+    # run that trained on after the alarm (g2rpo export, --checkpoint healthy)
+    import torch
+    from g2rpo.common.errors import ModelPathError
+    from g2rpo.common.families import family_class
+    from g2rpo.evaluation.export_weights import export_checkpoint
+
+    world = Path("assets/shapes-world/pipeline").resolve()
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(f"model: {{pretrained: {world}}}\n")
+    with pytest.raises(ModelPathError, match=r"healthy\.json does not exist"):
+        export_checkpoint(run, "healthy", tmp_path / "none")
+    cls = family_class(load_config(run / "config.yaml")).transformer_class()
+    state = cls.from_pretrained(world / "transformer").state_dict()
+    moved = {k: v + 1.0 if v.is_floating_point() else v for k, v in state.items()}
+    torch.save({"transformer": moved}, run / "checkpoints" / "it_00004.pt")
+    torch.save({"transformer": state}, run / "checkpoints" / "it_00008.pt")
+    (run / "healthy.json").write_text(json.dumps({"iteration": 6, "checkpoint": "it_00004.pt"}))
+    out = export_checkpoint(run, "healthy", tmp_path / "healthy")
+    exported = cls.from_pretrained(out).state_dict()
+    assert all(torch.equal(exported[k], moved[k]) for k in moved)  # it_00004's, not the last
+    (run / "checkpoints" / "it_00004.pt").unlink()  # pruned by hand: said, not guessed
+    with pytest.raises(ModelPathError, match="no checkpoint at or before it is left"):
+        export_checkpoint(run, "healthy", tmp_path / "again")
