@@ -34,6 +34,7 @@ def git_commit(where: Path) -> tuple[str | None, bool]:
 
 def _cmd_photos(args: argparse.Namespace) -> int:
     from g2rpo.evaluation.photo_check import PhotoCheckSettings, run_check
+    from g2rpo.evaluation.photo_sets import SetLevelSettings, add_set_level
     from g2rpo.evaluation.photo_table import write_outputs
 
     if any(s < 64 for s in args.sizes or []):
@@ -45,6 +46,8 @@ def _cmd_photos(args: argparse.Namespace) -> int:
             seed=args.seed, **({"sizes": args.sizes} if args.sizes else {})
         )
     results = run_check(settings, progress=not args.no_progress)
+    set_settings = SetLevelSettings.quick() if args.quick else SetLevelSettings()
+    results = add_set_level(results, set_settings)  # the guard's decision shape, beside per image
     commit, dirty = git_commit(Path(__file__).resolve().parent)
     command = f"g2rpo hacking photos --out {args.out} --seed {args.seed}"
     command += f" --sizes {','.join(map(str, settings.sizes))}" + (" --quick" if args.quick else "")
@@ -55,6 +58,13 @@ def _cmd_photos(args: argparse.Namespace) -> int:
         print(
             f"{size}²: strong hacks detected {strong}; clean false alarms {g['false_alarm']:.1%} "
             f"(groups {g['false_alarm_groups']:.1%}): goal {'met' if g['met'] else 'NOT met'}"
+        )
+    for size, g in results["set_level"]["goal"].items():
+        fa = results["set_level"]["per_size"][size]["false_alarm"]["overall"]["rate"]
+        found = all(v == 1.0 for v in g["strong_tied_detection"].values())
+        print(
+            f"{size}² set level: every strong hack found {found}; clean set trials flagged "
+            f"{fa:.1%}: goal (image measures) {'met' if g['met_image_measures'] else 'NOT met'}"
         )
     print(f"wrote {', '.join(str(p) for p in paths)} in {results['wall_s']:.0f} s")
     return 0

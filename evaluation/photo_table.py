@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from g2rpo.evaluation import photo_hacks as ph
+from g2rpo.evaluation.photo_sets import render_section
 
 STRENGTHS = ("mild", "strong")
 
@@ -125,6 +126,8 @@ def render_table(results: dict) -> str:
         *measure_rows(results),
         "",
     ]
+    if "set_level" in results:  # evaluation/photo_sets.py: the guard's decision shape
+        parts += [*render_section(results), ""]
     return "\n".join(parts)
 
 

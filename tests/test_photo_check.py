@@ -163,3 +163,11 @@ def test_the_command_writes_results_and_table(tmp_path):
     table = (out / "table.md").read_text()
     assert "## Detection" in table and "patch_grid" in table and "Clopper" in table
     assert (out / "detection.png").stat().st_size > 1000
+    # the set level (evaluation/photo_sets.py): the guard's paired-CI decision over sets
+    level = results["set_level"]["per_size"]["256"]
+    assert set(level["thresholds"]) == set(r["thresholds"])
+    assert level["false_alarm"]["overall"]["n"] == 10 * (len(ph.CLEAN_KINDS) + 1)
+    assert all(level["detection"][h]["strong"]["tied"]["n"] == 5 for h in ph.HACKS)
+    assert level["checked_against_paired_difference"] == 4
+    assert {"met", "met_image_measures"} <= set(results["set_level"]["goal"]["256"])
+    assert "## Set level" in table
