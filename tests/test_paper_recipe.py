@@ -32,7 +32,12 @@ def test_recipes_validate_with_the_official_settings():
         assert cfg.optim.clip_range == 1e-4 and cfg.train.image_size == 720
     assert [(r.name, r.weight) for r in hps.rewards] == [("hpsv2", 1.0)]
     assert [(r.name, r.weight) for r in both.rewards] == [("hpsv2", 1.0), ("clip_score", 1.0)]
-    assert [s.split("=")[0] for s in both.train.reward.scorers] == ["hpsv2", "clip_score"]
+    # the two trained scorers, and PickScore held out (train.guard's drift, issue 57)
+    assert [s.split("=")[0] for s in both.train.reward.scorers] == [
+        "hpsv2",
+        "clip_score",
+        "pickscore",
+    ]
 
 
 def test_hps_clip_recipe_trains_two_iterations_with_converted_stand_ins(
