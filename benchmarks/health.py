@@ -14,17 +14,12 @@ import time
 import numpy as np
 
 from ..common import image_health
+from ..common.flops import best_seconds
 
 
 def _best(fn, repeats: int) -> float:
-    """The fastest of ``repeats`` calls, in process time (the CPU it costs, whatever else
-    the machine runs)."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.process_time()
-        fn()
-        best = min(best, time.process_time() - start)
-    return best
+    """The fastest of ``repeats`` calls, in process time (the CPU it costs)."""
+    return best_seconds(fn, repeats, clock=time.process_time)
 
 
 def _batch(size: int, images: int) -> np.ndarray:

@@ -51,9 +51,17 @@ class GuardRule(Section):
             )
         return self
 
+    @property
+    def test(self) -> str:
+        """The one test given: rises_by, falls_by, rises_rel, falls_rel, above or below."""
+        return next(t for t in _TESTS if getattr(self, t) is not None)
+
+    @property
+    def threshold(self) -> float:
+        return getattr(self, self.test)
+
     def describe(self) -> str:
-        test = next(t for t in _TESTS if getattr(self, t) is not None)
-        return f"{self.signal} {test.replace('_', ' ')} {getattr(self, test):g}"
+        return f"{self.signal} {self.test.replace('_', ' ')} {self.threshold:g}"
 
 
 class GuardConfig(Section):

@@ -31,27 +31,36 @@ def has_signal(rule: GuardRule, row: dict) -> bool:
     return first or f"eval/{rule.signal}" in row
 
 
+def directed_bound(row: dict, signal: str, test: str) -> float | None:
+    """What a test compares with its threshold, turned so that larger is worse: the 95%
+    CI bound of the change since the first evaluation in the test's direction (``lo`` for
+    a rise, ``−hi`` for a fall), or the evaluation's mean (``−mean`` for ``below``); None
+    where the row lacks it (the first evaluation has no change)."""
+    key = f"eval/{signal}"
+    if test in ("above", "below"):
+        value = row.get(key)
+        return None if value is None else (value if test == "above" else -value)
+    rises = test.startswith("rises")
+    bound = row.get(f"{key}/delta_lo" if rises else f"{key}/delta_hi")
+    return None if bound is None else (bound if rises else -bound)
+
+
+def base_mean(row: dict, signal: str) -> float:
+    """The first evaluation's mean of ``signal`` (the paired change of the mean is the
+    change of the means), as a magnitude: what the relative tests scale by."""
+    key = f"eval/{signal}"
+    return abs(row[key] - row[f"{key}/delta"])
+
+
 def crossed(rule: GuardRule, row: dict) -> bool:
     """Whether ``row``'s evaluation crosses ``rule``; a signal the row lacks (the first
     evaluation has no change yet) is not crossed (``has_signal`` tells the two apart)."""
-    key = f"eval/{rule.signal}"
-    lo, hi = row.get(f"{key}/delta_lo"), row.get(f"{key}/delta_hi")
-    if rule.rises_by is not None:
-        return lo is not None and lo > rule.rises_by
-    if rule.falls_by is not None:
-        return hi is not None and hi < -rule.falls_by
-    if rule.rises_rel is not None or rule.falls_rel is not None:
-        if lo is None or hi is None:
-            return False
-        # the base's mean: the paired change of the mean is the change of the means
-        base = abs(row[key] - row[f"{key}/delta"])
-        if rule.rises_rel is not None:
-            return lo > rule.rises_rel * base
-        return hi < -rule.falls_rel * base
-    value = row.get(key)
-    if value is None:
+    bound = directed_bound(row, rule.signal, rule.test)
+    if bound is None:
         return False
-    return value > rule.above if rule.above is not None else value < rule.below
+    if rule.test.endswith("_rel"):
+        return bound > rule.threshold * base_mean(row, rule.signal)
+    return bound > (-rule.threshold if rule.test == "below" else rule.threshold)
 
 
 def missing_reason(rule: GuardRule) -> str:
@@ -148,7 +157,8 @@ class Guard:
     def replayed(self, rows: list[dict]) -> list[dict]:
         """What the rules say of each evaluation of a finished or running run, whatever
         its ``action`` (the run report's and the hacking study's reading):
-        [{iteration, crossed: [rule, ...], streak, trips}], ``trips`` true at the
+        [{iteration, crossed: [rule, ...], streak, held: [rule, ...], trips}], ``held`` the
+        rules crossed at ``patience`` evaluations in a row there, ``trips`` true at the
         evaluation where the guard would have raised its alarm (the first only)."""
         fresh, out, tripped = Guard(self.cfg), [], False
         for row in rows:
@@ -157,8 +167,11 @@ class Guard:
             now, streak = fresh._read(row)
             trips = not tripped and streak >= self.cfg.patience
             tripped = tripped or trips
+            held = [n for n, s in fresh.streaks.items() if s >= self.cfg.patience]
             it = row["iteration"]
-            out.append({"iteration": it, "crossed": now, "streak": streak, "trips": trips})
+            out.append(
+                {"iteration": it, "crossed": now, "streak": streak, "held": held, "trips": trips}
+            )
         return out
 
     def message(self) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from ..common.config_guard import GuardRule
-from ..common.guard import is_evaluation_row
+from ..common.guard import base_mean, directed_bound, is_evaluation_row
 
 PAIR = 2  # evaluations in a row (the guard's default patience)
 MARGIN = 1.5
@@ -39,20 +39,11 @@ def reading(row: dict, signal: str, test: str) -> float | None:
     """The number the rule compares with its threshold at one evaluation (crossed when
     it exceeds it): the CI bound in the rule's direction, over the base's mean for the
     relative tests; None where the row has no change yet."""
-    key = f"eval/{signal}"
-    lo, hi = row.get(f"{key}/delta_lo"), row.get(f"{key}/delta_hi")
-    if test == "above":
-        return row.get(key)
-    if lo is None or hi is None:
-        return None
-    if test == "rises_by":
-        return lo
-    if test == "falls_by":
-        return -hi
-    base = abs(row[key] - row[f"{key}/delta"])
-    if base == 0:
-        return None
-    return lo / base if test == "rises_rel" else -hi / base
+    bound = directed_bound(row, signal, test)
+    if bound is None or not test.endswith("_rel"):
+        return bound
+    base = base_mean(row, signal)
+    return None if base == 0 else bound / base
 
 
 def held_level(rows: list[dict], signal: str, test: str) -> float | None:
@@ -92,10 +83,5 @@ def rules_yaml(rules: list[GuardRule]) -> str:
     """``train.guard.rules`` as a config block."""
     lines = ["train:", "  guard:", "    rules:"]
     for rule in rules:
-        test = next(
-            t
-            for t in ("rises_by", "falls_by", "rises_rel", "falls_rel", "above", "below")
-            if getattr(rule, t) is not None
-        )
-        lines.append(f"      - {{signal: {rule.signal}, {test}: {getattr(rule, test):g}}}")
+        lines.append(f"      - {{signal: {rule.signal}, {rule.test}: {rule.threshold:g}}}")
     return "\n".join(lines) + "\n"

@@ -91,18 +91,20 @@ def tied(rule: GuardRule, kinds: list[str]) -> bool:
 def stop_of(rows: list[dict], rules: list[GuardRule]) -> tuple[int | None, list[str]]:
     """(evaluation number, the base's being 0, at which the rules stop the run, and the
     rules held at ``PATIENCE`` evaluations in a row there), or (None, [])."""
-    guard = Guard(GuardConfig(action="stop", patience=PATIENCE, rules=rules))
-    for k, row in enumerate(rows):
-        _, streak = guard._read(row)
-        if rules and streak >= PATIENCE:
-            return k, [n for n, s in guard.streaks.items() if s >= PATIENCE]
+    if rules:
+        for k, reading in enumerate(_readings(rows, rules)):
+            if reading["trips"]:
+                return k, reading["held"]
     return None, []
 
 
 def alarmed_evaluations(rows: list[dict], rules: list[GuardRule]) -> int:
     """Evaluations at which some rule holds at ``PATIENCE`` evaluations in a row."""
-    guard = Guard(GuardConfig(action="stop", patience=PATIENCE, rules=rules))
-    return sum(guard._read(row)[1] >= PATIENCE for row in rows) if rules else 0
+    return sum(bool(r["held"]) for r in _readings(rows, rules)) if rules else 0
+
+
+def _readings(rows: list[dict], rules: list[GuardRule]) -> list[dict]:
+    return Guard(GuardConfig(action="stop", patience=PATIENCE, rules=rules)).replayed(rows)
 
 
 def verdict(rows: list[dict], rules: list[GuardRule], label: dict) -> dict:

@@ -23,10 +23,9 @@ COLUMNS = 2  # the prompts in two columns: a page stays about as wide as it is t
 
 def kept_evaluations(run: Path) -> list[tuple[int, Path]]:
     """(iteration, images file) of every evaluation that kept its images, in order."""
-    found = []
-    for path in sorted(run.glob("evals/it_*.images.npz")):
-        found.append((int(path.name.split("_")[1].split(".")[0]), path))
-    return found
+    from ..run_directory.files import iteration_of
+
+    return [(iteration_of(p), p) for p in sorted(run.glob("evals/it_*.images.npz"))]
 
 
 def _tile(image: np.ndarray) -> np.ndarray:

@@ -26,8 +26,9 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 
 def iteration_of(path: Path) -> int:
-    """N of a run file named ``it_NNNNN.<ext>`` (checkpoints, evaluations, sample grids)."""
-    return int(path.stem[3:])
+    """N of a run file named ``it_NNNNN.<ext>`` (checkpoints, evaluations, sample grids,
+    an evaluation's kept images ``it_NNNNN.images.npz``)."""
+    return int(path.name[3:].split(".")[0])
 
 
 def append_metrics(run_dir: Path, row: dict) -> None:
