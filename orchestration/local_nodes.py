@@ -53,6 +53,14 @@ class LocalNode:
     private: dict[str, Path] = field(default_factory=dict)  # path seen → where it lies
 
 
+def _need_namespaces() -> None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        raise RunFailed(
+            "a rehearsal's nodes need their own mount namespaces: run it as root "
+            "(unshare -m), or in a container that allows it"
+        )
+
+
 class LocalCluster:
     """``LocalCluster(root)`` then ``add_head()``, ``add_node(...)`` for each worker
     node; ``address`` is what ``ray.init`` joins; ``stop()`` at the end."""
@@ -62,9 +70,6 @@ class LocalCluster:
         self.nodes: list[LocalNode] = []
         self.port: int | None = None
         self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-        # a raylet registering on a machine busy with a whole cluster takes longer
-        # than Ray's default wait (60 s) allows
-        self.env.setdefault("RAY_raylet_start_wait_time_s", "300")
         self.env.pop("RAY_ADDRESS", None)
 
     @property
@@ -100,9 +105,59 @@ class LocalCluster:
         deadline = time.monotonic() + START_TIMEOUT_S
         while "Ray runtime started" not in log.read_text():  # `ray start` says so when up
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RunFailed(f"ray start ({name}) did not start: {log.read_text()[-2000:]}")
+                raise RunFailed(
+                    f"ray start ({name}) did not start: {log.read_text()[-1500:]}"
+                    f"{self._head_state() if name != 'head' else ''}"
+                )
             time.sleep(0.2)
         return node
+
+    def _head_state(self) -> str:
+        """Whether the head's GCS still runs, and the end of its log: a worker that
+        cannot reach the GCS says only "Deadline Exceeded"."""
+        head = next((n for n in self.nodes if n.name == "head"), None)
+        if head is None:
+            return ""
+        gcs = [p for p in self._left(head) if "gcs_server" in p.info["cmdline"][0]]
+        logs = sorted(Path(head.temp_dir).glob("session_*/logs/gcs_server.*"))
+        tail = "".join(f.read_text(errors="replace")[-600:] for f in logs[-2:])
+        alive = "running" if gcs else "NOT running"
+        state = f"the head's GCS is {alive} (head `ray start` exit {head.proc.poll()})"
+        return f"\n{state}; its log ends:\n{tail}"
+
+    def start(
+        self,
+        object_store_bytes: int,
+        nodes: list[dict],
+        *,
+        attempts: int = 2,
+        say=print,
+    ) -> None:
+        """The head, then each worker node (``nodes``: ``add_node``'s keyword arguments).
+        A node that does not start (on a machine busy with other clusters a worker's
+        ``ray start`` has been seen to wait 5 minutes on the GCS, then give up) stops the
+        whole cluster, which starts again on fresh ports and temp dirs, up to
+        ``attempts`` times; the last failure is raised with every attempt's reason."""
+        _need_namespaces()
+        reasons = []
+        for attempt in range(1, attempts + 1):
+            try:
+                self.add_head(object_store_bytes)
+                for node in nodes:
+                    self.add_node(**node)
+                return
+            except RunFailed as exc:
+                reasons.append(f"attempt {attempt}: {exc}")
+                self.stop()
+                logs = self.root / "logs"
+                if logs.is_dir():  # the failed attempt's logs stay beside the next one's
+                    for log in logs.glob("*.log"):
+                        if ".attempt" not in log.name:
+                            log.rename(log.with_suffix(f".attempt{attempt}.log"))
+                if attempt < attempts:
+                    again = f"starting it again ({attempt + 1} of {attempts})"
+                    say(f"{exc}\nthe local cluster stopped; {again}")
+        raise RunFailed("\n".join(reasons))
 
     def add_head(self, object_store_bytes: int) -> LocalNode:
         """The head: GCS, the driver's node; no CPUs or GPUs for actors."""
@@ -124,11 +179,7 @@ class LocalCluster:
     ) -> LocalNode:
         """A worker node in a mount namespace of its own, where each path of
         ``private`` is replaced by a directory of this node's (under its home)."""
-        if os.geteuid() != 0 or shutil.which("unshare") is None:
-            raise RunFailed(
-                "a rehearsal's nodes need their own mount namespaces: run it as root "
-                "(unshare -m), or in a container that allows it"
-            )
+        _need_namespaces()
         home = self.root / "nodes" / name
         mounts = {}
         for path in private:

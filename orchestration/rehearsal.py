@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -191,17 +192,19 @@ def rehearse(
         write_prompts(recipe, out)
         (out / "rehearsal.yaml").write_text(dump_config(cfg))
         store = object_store_bytes(cfg)
-        cluster.add_head(store)
         private = [] if shared_run_dir else [out / "runs"]
-        for spec in plan.nodes:
-            cluster.add_node(
-                spec.name,
+        nodes = [
+            dict(
+                name=spec.name,
                 num_cpus=spec.num_cpus,
                 num_gpus=spec.num_gpus,
                 resources=spec.resources,
                 object_store_bytes=store,
                 private=private,
             )
+            for spec in plan.nodes
+        ]
+        cluster.start(store, nodes, say=lambda line: print(line, file=sys.stderr, flush=True))
         ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
         cluster.wait_for(len(plan.nodes) + 1)
         report["node_ids"] = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}

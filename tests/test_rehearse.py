@@ -39,16 +39,12 @@ def test_a_node_that_does_not_share_the_run_directory_stops_the_run_before_any_m
         run_dir.mkdir(parents=True)
         cluster = LocalCluster(tmp_path / "cluster")
         try:
-            cluster.add_head(2**28)
-            for name, private in (("shares", []), ("alone", [tmp_path / "runs"])):
-                cluster.add_node(
-                    name,
-                    num_cpus=1,
-                    num_gpus=0,
-                    resources={name: 1},
-                    object_store_bytes=2**28,
-                    private=private,
-                )
+            nodes = [
+                dict(name=name, num_cpus=1, num_gpus=0, resources={name: 1})
+                | dict(object_store_bytes=2**28, private=private)
+                for name, private in (("shares", []), ("alone", [tmp_path / "runs"]))
+            ]
+            cluster.start(2**28, nodes)
             ray.init(address=cluster.address, log_to_driver=False)
             cluster.wait_for(3)
             node = {
@@ -68,6 +64,85 @@ def test_a_node_that_does_not_share_the_run_directory_stops_the_run_before_any_m
         finally:
             ray.shutdown()
             cluster.stop()
+
+
+# `ray` for the head; for a worker node, fails (as a raylet that never registers) while
+# the count file holds fewer than FAILS lines, then runs `ray`
+FLAKY_RAY = """#!/bin/sh
+case "$*" in *--address=*)
+  if [ "$(wc -l < {count})" -lt {fails} ]; then
+    echo x >> {count}; echo "Failed to get node info (injected)"; exit 1
+  fi;;
+esac
+exec {ray} "$@"
+"""
+
+
+def _flaky_ray(tmp_path: Path, fails: int) -> str:
+    from g2rpo.orchestration.local_nodes import ray_executable
+
+    count = tmp_path / f"failed_starts_{fails}"
+    count.write_text("")
+    script = tmp_path / f"flaky_ray_{fails}"
+    script.write_text(FLAKY_RAY.format(count=count, fails=fails, ray=ray_executable()))
+    script.chmod(0o755)
+    return str(script)
+
+
+def _processes_naming(path: str) -> list:
+    import psutil
+
+    return [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if any(path in a for a in p.info["cmdline"] or ())
+    ]
+
+
+def test_a_worker_node_that_does_not_start_starts_the_cluster_again(tmp_path, monkeypatch):
+    """CI of 8d18b8d: a worker's `ray start` waited 5 minutes on the GCS and gave up, and
+    the rehearsal failed in its cluster phase. The cluster stops (no process of the failed
+    attempt left), keeps that attempt's logs, says why, and starts again; a worker that
+    never starts fails with every attempt's reason and the head's state."""
+    import ray
+    from g2rpo.common.errors import RunFailed
+    from g2rpo.orchestration import local_nodes
+    from servers import session_ray_aside
+
+    node = dict(name="node-1", num_cpus=1, num_gpus=0, resources={"n1": 1})
+    node.update(object_store_bytes=2**28, private=[])
+    said = []
+    with session_ray_aside():
+        once = _flaky_ray(tmp_path, 1)
+        monkeypatch.setattr(local_nodes, "ray_executable", lambda: once)
+        cluster = local_nodes.LocalCluster(tmp_path / "once")
+        try:
+            cluster.start(2**28, [node], say=said.append)
+            head = cluster.nodes[0]
+            ray.init(address=cluster.address, log_to_driver=False)
+            cluster.wait_for(2, timeout_s=120)
+            assert [n.name for n in cluster.nodes] == ["head", "node-1"]
+        finally:
+            ray.shutdown()
+            cluster.stop()
+        assert len(said) == 1 and "ray start (node-1) did not start" in said[0], said
+        assert "(injected)" in said[0] and "starting it again (2 of 2)" in said[0], said
+        assert "the head's GCS is running" in said[0], said
+        logs = tmp_path / "once" / "logs"
+        assert "(injected)" in (logs / "node-1.attempt1.log").read_text()
+        assert "Ray runtime started" in (logs / "node-1.log").read_text()
+        assert not _processes_naming(head.temp_dir)
+
+        monkeypatch.undo()
+        never = _flaky_ray(tmp_path, 9)
+        monkeypatch.setattr(local_nodes, "ray_executable", lambda: never)
+        cluster = local_nodes.LocalCluster(tmp_path / "never")
+        with pytest.raises(RunFailed) as err:
+            cluster.start(2**28, [node], say=said.append)
+        assert str(err.value).count("(injected)") == 2, err.value
+        assert "attempt 1: ray start (node-1)" in str(err.value), err.value
+        assert "attempt 2: ray start (node-1)" in str(err.value), err.value
+        assert cluster.nodes == []  # stopped: nothing left to stop
 
 
 def test_flux_hps_rehearses_on_two_nodes_at_its_true_sizes(tmp_path):
