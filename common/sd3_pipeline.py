@@ -85,7 +85,14 @@ class SD3Components(FamilyComponents):
     PIPELINE = "StableDiffusion3Pipeline"
     LABEL = "SD3 pipeline"
     COMPONENTS = COMPONENTS
-    SAMPLING: ClassVar[dict] = {"guidance": 4.5}  # SD3.5-Medium's model card
+    # as StableDiffusion3Pipeline samples: SD3.5-Medium's guidance (its model card), the
+    # scheduler's own σ grid and 1000·σ fed as a float (a uniform grid had been 14/255
+    # away from the pipeline's images on the committed SD3 world)
+    SAMPLING: ClassVar[dict] = {
+        "guidance": 4.5,
+        "sigma_grid": "diffusers",
+        "quantize_timestep": False,
+    }
     NEGATIVE_PROMPT = ""  # the pipeline's default negative prompt
 
     transformer: Any

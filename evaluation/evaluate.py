@@ -4,6 +4,7 @@ for every model compared), score every sample in this process, and summarise wit
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -68,10 +69,17 @@ class EvalSettings(BaseModel):
 
 def pipeline_settings(pipeline: str | Path, **overrides) -> EvalSettings:
     """A bare pipeline directory sampled as its family samples (guidance, σ grid and
-    timestep convention: the components class's ``SAMPLING``), where no run says."""
+    timestep convention: the components class's ``SAMPLING``; on the scheduler's own
+    grid, the static shift the scheduler was saved with), where no run says."""
     from ..common.families import components_class, family_of
 
-    family = components_class(family_of(pipeline)).SAMPLING
+    family = dict(components_class(family_of(pipeline)).SAMPLING)
+    scheduler = Path(pipeline) / "scheduler" / "scheduler_config.json"
+    if family.get("sigma_grid") == "diffusers" and scheduler.is_file():
+        config = json.loads(scheduler.read_text())
+        shift = config.get("shift")
+        if not config.get("use_dynamic_shifting") and isinstance(shift, int | float) and shift > 0:
+            family["shift"] = float(shift)
     return EvalSettings(**{**family, **{k: v for k, v in overrides.items() if v is not None}})
 
 

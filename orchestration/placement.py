@@ -4,15 +4,46 @@ clearly which request the cluster cannot meet instead of waiting forever."""
 from __future__ import annotations
 
 import math
+import sys
+import time
+from collections.abc import Callable
 
 import ray
 
 from ..common.config import G2RPOConfig
 from ..common.errors import G2RPOError
 
+# while actors wait for room, say what waits this often (a run on a small cluster had
+# printed nothing for train.placement_timeout_s, 10 minutes, then failed: issue 58)
+WAIT_REPORT_S = 30.0
+
 
 class PlacementError(G2RPOError, RuntimeError):
     """An actor the cluster did not place in time; names the config fields."""
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _wait_saying(
+    refs: list, timeout_s: float, waiting: Callable[[set], str], say: Callable[[str], None]
+) -> set:
+    """``ray.wait`` for all of ``refs`` up to ``timeout_s``; every ``WAIT_REPORT_S``
+    still waiting, one line: how long, ``waiting(ready)`` (what waits and what it asks)
+    and what the cluster has free. Returns the refs ready."""
+    start = time.monotonic()
+    while True:
+        left = start + timeout_s - time.monotonic()
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, min(WAIT_REPORT_S, left)))
+        if len(ready) == len(refs) or left <= WAIT_REPORT_S:
+            return set(ready)
+        say(
+            f"waiting {time.monotonic() - start:.0f} s for room "
+            f"(train.placement_timeout_s={timeout_s:g}): {waiting(set(ready))}; the cluster "
+            f"has {_summary(ray.available_resources())} free of "
+            f"{_summary(ray.cluster_resources())}"
+        )
 
 
 def local_cluster_resources(cfg: G2RPOConfig, redis_url: str | None = None) -> dict:
@@ -54,18 +85,32 @@ def _summary(resources: dict) -> dict:
     return {k: v for k, v in sorted(resources.items()) if not k.startswith(skip)}
 
 
-def wait_placed(groups: list[tuple[str, list, dict]], timeout_s: float) -> list[list[dict]]:
+def wait_placed(
+    groups: list[tuple[str, list, dict]],
+    timeout_s: float,
+    say: Callable[[str], None] = _say,
+) -> list[list[dict]]:
     """Wait until every actor answers ``placement()``. ``groups`` holds (config
-    field, actor handles, the options they asked for). On timeout, name the field of
-    every group not placed, what it asked for and what the cluster has: first those
-    asking for more than the whole cluster holds (they never will be placed), then
-    those a busy cluster was merely slow to start."""
+    field, actor handles, the options they asked for). While waiting, every
+    ``WAIT_REPORT_S`` ``say`` names what waits, what it asks and what is free. On
+    timeout, name the field of every group not placed, what it asked for and what the
+    cluster has: first those asking for more than the whole cluster holds (they never
+    will be placed), then those a busy cluster was merely slow to start."""
     pending = [[h.placement.remote() for h in handles] for _, handles, _ in groups]
     everything = [ref for refs in pending for ref in refs]
-    ready, _ = ray.wait(everything, num_returns=len(everything), timeout=timeout_s)
+
+    def waiting(ready: set) -> str:
+        lines = []
+        for (field, handles, options), refs in zip(groups, pending, strict=True):
+            if missing := sum(ref not in ready for ref in refs):
+                asked = ray_resources([options])
+                lines.append(f"{field}: {missing} of {len(handles)} asking {asked} each")
+        return "; ".join(lines)
+
+    ready = _wait_saying(everything, timeout_s, waiting, say)
     if len(ready) == len(everything):
         return [ray.get(refs) for refs in pending]
-    ready, total = set(ready), ray.cluster_resources()
+    total = ray.cluster_resources()
     unplaced = []  # (placeable, line): the impossible ones sort first
     for (field, handles, options), refs in zip(groups, pending, strict=True):
         missing = sum(ref not in ready for ref in refs)
@@ -148,14 +193,16 @@ def in_bundle(options: dict, pg, index: int) -> dict:
     return {**options, "scheduling_strategy": strategy}
 
 
-def wait_group_placed(pg, cfg: G2RPOConfig, timeout_s: float) -> None:
-    """Wait for the learner group's bundles; on timeout PlacementError names the fields
-    and what the cluster's nodes have (the strategy asks them of one node, or of
-    distinct ones)."""
-    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
-    if ready:
-        return
+def wait_group_placed(
+    pg, cfg: G2RPOConfig, timeout_s: float, say: Callable[[str], None] = _say
+) -> None:
+    """Wait for the learner group's bundles, saying every ``WAIT_REPORT_S`` what waits;
+    on timeout PlacementError names the fields and what the cluster's nodes have (the
+    strategy asks them of one node, or of distinct ones)."""
     bundles, strategy = learner_bundles(cfg), cfg.train.learner.placement_strategy
+    what = f"the learner group's {len(bundles)} bundles of {bundles[0]} ({strategy})"
+    if _wait_saying([pg.ready()], timeout_s, lambda _: what, say):
+        return
     nodes = [
         _summary(n["Resources"])
         for n in ray.nodes()

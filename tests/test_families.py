@@ -279,7 +279,51 @@ def test_a_qwen_image_world_is_sampled_on_its_pipelines_own_grid():
     assert torch.equal(grid.sigmas, qwen.sigmas(16, 32, 32))  # shift 3 plays no part
     assert torch.equal(grid.timesteps, grid.sigmas.float())
     sd3 = load_components(DEFAULT_WORLD.parent / "shapes-world-sd3" / "pipeline")
-    assert torch.equal(world_grid(sd3, 16, 3.0, 32).sigmas, sampling_grid(16, 3.0).sigmas)
+    diffusers = sampling_grid(16, 3.0, False, "diffusers")
+    assert torch.equal(world_grid(sd3, 16, 3.0, 32).sigmas, diffusers.sigmas)
+
+
+def test_a_bare_sd3_pipeline_is_evaluated_as_stable_diffusion_3_pipeline_samples(tmp_path):
+    """Issue 58: `g2rpo eval` of a bare SD3 pipeline had sampled on the uniform σ grid,
+    up to 14/255 from StableDiffusion3Pipeline's images on the committed SD3 world. Its
+    scheduler's own grid and shift now, as the pipeline: to 1/255 from the same noise;
+    a scheduler saved with another shift is followed."""
+    import shutil
+
+    from diffusers import StableDiffusion3Pipeline
+    from g2rpo.evaluation.evaluate import pipeline_settings, sample_fixed_noise
+
+    world = DEFAULT_WORLD.parent / "shapes-world-sd3" / "pipeline"
+    for shift in (3.0, 1.5):
+        pipeline = world
+        if shift != 3.0:  # the world with its scheduler saved at another shift
+            pipeline = tmp_path / "pipeline"
+            shutil.copytree(world, pipeline)
+            config = json.loads((pipeline / "scheduler" / "scheduler_config.json").read_text())
+            config["shift"] = shift
+            (pipeline / "scheduler" / "scheduler_config.json").write_text(json.dumps(config))
+        settings = pipeline_settings(
+            pipeline, num_steps=STEPS, image_size=SIZE, max_sequence_length=TOKENS
+        )
+        assert settings.shift == shift
+        comps = load_components(pipeline)
+        mine = sample_fixed_noise(comps, PROMPTS, 11, settings)
+        shape = comps.packed_shape(SIZE, SIZE)
+        init = torch.randn((len(PROMPTS), *shape), generator=torch.Generator().manual_seed(11))
+        pipe = StableDiffusion3Pipeline.from_pretrained(pipeline, local_files_only=True)
+        theirs = pipe(
+            PROMPTS,
+            height=SIZE,
+            width=SIZE,
+            num_inference_steps=STEPS,
+            guidance_scale=settings.guidance,
+            latents=init,
+            max_sequence_length=TOKENS,
+            output_type="pt",
+        ).images
+        diff = np.abs(mine.astype(np.int16) - as_uint8(theirs).numpy())
+        assert int(diff.max()) <= 1, f"shift {shift}: {int(diff.max())}/255 apart"
+        assert mine.std() > 1
 
 
 def test_a_bare_pipeline_is_evaluated_as_its_family_samples():
@@ -292,6 +336,7 @@ def test_a_bare_pipeline_is_evaluated_as_its_family_samples():
     assert (qwen.guidance, qwen.sigma_grid, qwen.quantize_timestep) == (4.0, "diffusers", False)
     assert qwen.num_steps == 8
     sd3 = pipeline_settings(assets / "shapes-world-sd3" / "pipeline", guidance=2.0)
-    assert (sd3.guidance, sd3.sigma_grid, sd3.quantize_timestep) == (2.0, "uniform", True)
+    assert (sd3.guidance, sd3.sigma_grid, sd3.quantize_timestep) == (2.0, "diffusers", False)
+    assert sd3.shift == 3.0  # its scheduler's
     flux = pipeline_settings(DEFAULT_WORLD / "pipeline", guidance=None)
     assert (flux.guidance, flux.sigma_grid, flux.quantize_timestep) == (3.5, "uniform", True)

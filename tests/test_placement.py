@@ -148,7 +148,14 @@ def test_actors_land_where_their_resources_are(two_nodes, world, tmp_path):
     assert not replica["url"].startswith("http://127.")
 
 
-def test_an_unplaceable_request_fails_naming_the_field(two_nodes, world, tmp_path):
+def test_an_unplaceable_request_fails_naming_the_field(
+    two_nodes, world, tmp_path, monkeypatch, capsys
+):
+    from g2rpo.orchestration import placement
+
+    # while it waits it says so, every WAIT_REPORT_S (30 s; 2 here): issue 58's run on a
+    # 2-CPU head printed nothing for 10 minutes
+    monkeypatch.setattr(placement, "WAIT_REPORT_S", 2.0)
     before = ray.cluster_resources()["CPU"]
     with pytest.raises(PlacementError) as err:
         train(
@@ -168,6 +175,13 @@ def test_an_unplaceable_request_fails_naming_the_field(two_nodes, world, tmp_pat
     assert text.startswith("train.workers (num_cpus/num_gpus/resources)")
     assert "more than the whole cluster has" in text.split(";")[0]
     assert "gpu_box" in text and "sampler" in text  # what was asked, what the cluster has
+    said = [x for x in capsys.readouterr().err.splitlines() if x.startswith("waiting ")]
+    assert len(said) >= 2, said  # 8 s of waiting, a line each 2 s
+    for line in said:
+        assert "for room (train.placement_timeout_s=8)" in line, line
+        # what waits, what it asks, what the cluster has free and in all
+        assert "train.workers (num_cpus/num_gpus/resources): 2 of 2 asking" in line, line
+        assert "'gpu_box': 1" in line and "free of {" in line and "'sampler'" in line, line
     # the actors that were placed are gone again: every CPU is free
     deadline = time.monotonic() + 30
     while ray.available_resources().get("CPU", 0) < before and time.monotonic() < deadline:

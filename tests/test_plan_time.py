@@ -128,6 +128,47 @@ def test_plan_prints_hours_and_picks_a_layout_for_8_gpus():
     assert all(x["gpus"] <= 8 for x in rep["layouts"] if x["fits"])
 
 
+def test_benchmarks_recipe_figures_are_the_plans():
+    """docs/benchmarks.md's "What it says about the recipes": each figure is what `g2rpo
+    plan` prints today (issue 58: it gave 1,264 s for the best disaggregated 8-GPU layout
+    where the plan printed 1,303 s)."""
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    block = text.split("**What it says about the recipes**")[1].split("\n## ")[0]
+    block = " ".join(block.split())  # the figures, whatever the line breaks
+    cal = calibration("H200")
+    timed = {
+        name: estimate_time(load_config(REPO / "configs" / f"{name}.yaml"), cal)
+        for name in ("flux_hps_8gpu", "flux_hps_16gpu", "flux_hps", "nft_flux")
+    }
+    eight = timed["flux_hps_8gpu"]
+    assert (
+        f"`flux_hps_8gpu`: {eight.iteration_s:,.0f} s an iteration; {eight.run_hours:,.0f} h "
+        f"and {eight.gpu_hours:,.0f} GPU-hours for 301 iterations. Its rollout is "
+        f"{eight.phases['rollout']:,.0f} s" in block
+    ), block
+    for name, gpus in (("flux_hps_16gpu", ""), ("flux_hps", " (25 GPUs)")):
+        tm = timed[name]
+        said = f"`{name}`{gpus}: {tm.iteration_s:,.0f} s, {tm.run_hours:,.0f} h, "
+        assert said + f"{tm.gpu_hours:,.0f} GPU-hours" in block, (said, block)
+    nft = timed["nft_flux"]
+    said = f"plans {nft.phases['learn']:,.0f} of {nft.iteration_s:,.0f} s in the learn phase"
+    assert said in block, (said, block)
+    proc = plan_cli("configs/flux_hps_8gpu.yaml", "--gpu-memory", "80GiB", "--gpus", "8", "--json")
+    layouts = json.loads(proc.stdout)["layouts"]
+    fit = [x for x in layouts if x["fits"]]
+    assert f"searched {len(layouts)} layouts" in block and f"({len(fit)} fit)" in block, block
+    apart = min(
+        (x for x in fit if "train.placement=disaggregated" in x["sets"]),
+        key=lambda x: x["iteration_s"],
+    )
+    sets = dict(s.split("=", 1) for s in apart["sets"])
+    shape = (
+        f"({sets['train.workers.count']} workers of {sets['sampling.prompts_per_worker']} "
+        f"prompts, {sets['train.learner.count']} ranks) plans at {apart['iteration_s']:,.0f} s"
+    )
+    assert shape in block, (shape, block)
+
+
 def test_readme_hours_are_the_plans():
     """README's recipe tables give each FLUX, SD3.5 and Qwen-Image recipe's seconds per
     iteration and hours: they must be what `g2rpo plan` says today."""
