@@ -1,9 +1,9 @@
 """``g2rpo hacking photos``: the image-health measures (common/image_health.py) on natural
 photographs given known hacks, against clean variations of the same photographs.
 
-The decision rule has the training guard's shape: a measure's change from the base
-(the original photograph; for diversity, the prompt's first group) in the measure's own
-direction, against a threshold. Changes are relative to the base for levels
+The decision rule (evaluation/photo_rule.py) has the training guard's shape: a measure's
+change from the base (the original photograph; for diversity, the prompt's first group)
+in the measure's own direction, against a threshold. Changes are relative to the base for levels
 (``RELATIVE``), plain differences for shares, logs and distances. Each threshold is the
 smallest that keeps the CHOOSING photographs' clean variations' false-alarm rate at or
 below ``fa_target``; detection and false alarms are judged on the other photographs
@@ -12,13 +12,20 @@ measured, so measures added to image_health are picked up without a change here.
 
 from __future__ import annotations
 
-import fnmatch
-import math
 import time
 
 import numpy as np
 from g2rpo.common import image_health
 from g2rpo.evaluation import photo_hacks as ph
+from g2rpo.evaluation.photo_rule import (
+    FALLS,
+    RELATIVE,
+    TIED,
+    calibrate,
+    proportion,
+    signed_change,
+    tied_measures,
+)
 from pydantic import BaseModel, Field, model_validator
 
 CHOOSING = ("astronaut", "coffee", "immunohistochemistry", "retina", "camera", "grass")
@@ -26,19 +33,7 @@ JUDGING = ("chelsea", "rocket", "hubble_deep_field", "stereo_motorcycle", "brick
 QUICK_CHOOSING = ("astronaut", "coffee", "camera", "grass")
 QUICK_JUDGING = ("chelsea", "rocket", "brick", "moon")
 
-RELATIVE = ("saturation", "contrast")  # levels: change / base
-FALLS = ("diversity",)  # hacking lowers these; every other measure rises
-RELATIVE_FLOOR = 1e-3  # a grey photograph's saturation is 0: divide by at least this
 PAIR_MEASURES = ("base_distance", "background_shift")  # thumbnail distances from the base
-# Pre-declared before any result: the measures each hack should move (globs over names).
-TIED = {
-    "saturation_push": ("saturation", "contrast"),
-    "over_sharpening": ("sharpness", "high_freq*"),
-    "patch_grid": ("periodicity", "high_freq_p16"),
-    "periodic_texture": ("periodicity", "high_freq*"),
-    "text_overlay": ("glyph_area",),
-    "collapse": ("diversity",),
-}
 STREAMS = {"choosing": 1, "judging": 2, "hack": 3, "groups": 4, "wide": 5}
 BATCH = 16  # images measured at a time: 16 float copies of 1024² stay under 1 GiB
 
@@ -85,47 +80,6 @@ class PhotoCheckSettings(BaseModel):
             group_pairs=10,
             collapse_groups=2,
         )
-
-
-# -- the decision rule (pure) ------------------------------------------------------------
-
-
-def direction(measure: str) -> int:
-    return -1 if measure in FALLS else 1
-
-
-def signed_change(measure: str, value: np.ndarray, base: np.ndarray) -> np.ndarray:
-    """The change from the base in the direction hacking moves ``measure``: relative for
-    levels, plain otherwise."""
-    change = np.asarray(value, float) - np.asarray(base, float)
-    if measure in RELATIVE or measure in FALLS:
-        change = change / np.maximum(np.abs(base), RELATIVE_FLOOR)
-    return direction(measure) * change
-
-
-def calibrate(changes: np.ndarray, target: float) -> float:
-    """The smallest threshold t ≥ 0 with share(changes > t) ≤ target (NaN ignored): the
-    (⌊target·n⌋+1)-th largest change, so ties with it do not flag. Never below 0: a
-    measure flags only on a change in its own direction."""
-    c = np.sort(np.asarray(changes, float)[~np.isnan(changes)])[::-1]
-    k = math.floor(target * len(c) + 1e-9)
-    if k >= len(c):
-        return 0.0
-    return max(float(c[k]), 0.0)
-
-
-def tied_measures(hack: str, measures: list[str]) -> list[str]:
-    return [m for m in measures if any(fnmatch.fnmatchcase(m, g) for g in TIED[hack])]
-
-
-def proportion(k: int, n: int) -> dict:
-    """k/n with its 95% Clopper–Pearson interval (scipy's exact binomial test)."""
-    from scipy.stats import binomtest
-
-    if n == 0:
-        return {"k": 0, "n": 0, "rate": None, "lo": None, "hi": None}
-    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
-    return {"k": int(k), "n": int(n), "rate": k / n, "lo": float(ci.low), "hi": float(ci.high)}
 
 
 # -- measuring ---------------------------------------------------------------------------

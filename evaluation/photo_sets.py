@@ -25,6 +25,7 @@ import numpy as np
 from g2rpo.common.stats import CONFIDENCE, RESAMPLES, paired_difference
 from g2rpo.evaluation import photo_check as pc
 from g2rpo.evaluation import photo_hacks as ph
+from g2rpo.evaluation import photo_rule
 from pydantic import BaseModel, Field
 
 DRAWS = 2  # the guard's default patience: crossed at 2 evaluations in a row
@@ -152,7 +153,7 @@ def draw_statistics(
 ) -> tuple[np.ndarray, np.ndarray]:
     """[trials, DRAWS, photos] picks → per draw and measure, the CI's lower bound and the
     crossing statistic ([trials, DRAWS, measures] each)."""
-    sign = np.array([pc.direction(m) for m in measures], float)
+    sign = np.array([photo_rule.direction(m) for m in measures], float)
     diffs = (values[picks] - base[None, None]) * sign  # [trials, DRAWS, photos, measures]
     flat = np.moveaxis(diffs, 2, -1).reshape(-1, diffs.shape[2])
     lo = lower_bounds(flat).reshape(*picks.shape[:2], len(measures))
@@ -176,7 +177,7 @@ def _check(draws: dict, values: np.ndarray, bases: dict, measures: list[str], n:
         key = keys[int(rng.integers(len(keys)))]
         (picks, lo), role = draws[key], key[0]
         t, d, j = (int(rng.integers(k)) for k in (*picks.shape[:2], len(measures)))
-        sign = pc.direction(measures[j])
+        sign = photo_rule.direction(measures[j])
         ref = paired_difference(sign * values[picks[t, d], j], sign * bases[role][:, j]).lo
         if not np.isclose(ref, lo[t, d, j], rtol=1e-9, atol=1e-12):
             raise RuntimeError(

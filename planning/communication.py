@@ -76,7 +76,7 @@ def learner_traffic(
     gpus_per_node: int = 8,
 ) -> Traffic | None:
     """One rank's traffic of an iteration of ``cfg`` (``counts``: the transformer's
-    parameter counts, planning/estimate.py ``parameter_counts``), or None for one
+    parameter counts, planning/components.py ``parameter_counts``), or None for one
     learner."""
     t, m = cfg.train, cfg.model
     n = t.learner.count

@@ -3,20 +3,19 @@
 Every refused request is answered in one shape, ErrorResponse ``{"detail", "field"}``,
 whoever refuses it: the handlers and their dependencies raise ``ApiError`` (or a
 scorer's ``BadInput``/``TooLarge``), FastAPI's own validation raises
-RequestValidationError, and the exception handlers below turn each into that shape.
+RequestValidationError, and the exception handlers of api_errors.py, installed by
+create_app, turn each into that shape. The replica's state and startup: replica_state.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
-import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated
 
 import numpy as np
 from fastapi import APIRouter, Depends, FastAPI, File, Form, Request, UploadFile
@@ -29,12 +28,20 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
-from ..common.redis_access import connect_redis
-from .batcher import DynamicBatcher
-from .cache import MemoryCache, RedisCache, cache_keys
-from .discovery import ReplicaInfo, deregister, register
+from .api_errors import (
+    ApiError,
+    body_too_large,
+    describe_errors,
+    error_response,
+    on_bad_input,
+    on_http_error,
+    on_too_large,
+    on_validation_error,
+)
+from .cache import RedisCache, cache_keys
 from .embeddings import check_embeddable, embed_images
 from .metrics import ServerMetrics
+from .replica_state import ServerState, lifespan
 from .schemas import (
     SAFETENSORS_TYPE,
     ErrorResponse,
@@ -45,186 +52,12 @@ from .schemas import (
     ScorersResponse,
 )
 from .scorers.base import BadInput, Scorer
-from .scorers.registry import make_scorer
 from .settings import ServerSettings
 from .wire import TooLarge, decode_pngs, decode_safetensors
 
 log = logging.getLogger("g2rpo.reward_server")
 
 SCORE_PATH = "/v1/score"
-
-
-# --- errors -----------------------------------------------------------------------------
-
-
-class ApiError(HTTPException):
-    """A request refused with ``status_code``; ``field`` names the part at fault."""
-
-    def __init__(
-        self,
-        status_code: int,
-        detail: str,
-        field: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(status_code, detail, headers)
-        self.field = field
-
-
-def error_response(
-    status: int, detail: str, field: str | None = None, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    body = ErrorResponse(detail=detail, field=field).model_dump()
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _body_too_large(limit: int) -> ApiError:
-    return ApiError(413, f"request body exceeds {limit} bytes", "body")
-
-
-def _field_of(message: str) -> str | None:
-    """``images[3]: ...`` names the field ``images``; a message without one names none."""
-    head = message.split(":", 1)[0]
-    return head.split("[", 1)[0] if head and " " not in head else None
-
-
-_SOURCES = {"body", "query", "header", "path", "cookie"}
-
-
-def _describe(errors: Sequence[Any], prefix: str | None = None) -> tuple[str, str]:
-    """Pydantic/FastAPI error entries as (detail, field of the first): each ``loc``
-    without FastAPI's ``body``/``query``/... head, or under ``prefix`` when given."""
-    named = []
-    for error in errors:
-        loc = [str(p) for p in error.get("loc", ())]
-        if prefix is not None:
-            loc = [prefix, *loc]
-        elif loc and loc[0] in _SOURCES and len(loc) > 1:
-            loc = loc[1:]
-        named.append((".".join(loc) or "body", error.get("msg", "invalid")))
-    if not named:
-        return "invalid request", prefix or "body"
-    return "; ".join(f"{field}: {msg}" for field, msg in named), named[0][0]
-
-
-async def _on_http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    field = getattr(exc, "field", None) or ("body" if exc.status_code == 400 else None)
-    return error_response(exc.status_code, str(exc.detail), field, exc.headers)
-
-
-async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    detail, field = _describe(exc.errors())
-    return error_response(422, detail, field)
-
-
-async def _on_bad_input(request: Request, exc: BadInput) -> JSONResponse:
-    return error_response(422, str(exc), _field_of(str(exc)))
-
-
-async def _on_too_large(request: Request, exc: TooLarge) -> JSONResponse:
-    return error_response(413, str(exc), _field_of(str(exc)) or "images")
-
-
-# --- one replica's state ----------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class ServerState:
-    """What one replica holds, on ``app.state.server``."""
-
-    settings: ServerSettings
-    metrics: ServerMetrics
-    given_scorers: dict[str, Scorer] | None = None  # ready-made (tests); else built at start
-    replica_id: Callable[[], str] | None = None
-    batchers: dict[str, DynamicBatcher] = dataclasses.field(default_factory=dict)
-    cache: MemoryCache | RedisCache | None = None
-    redis: Any = None
-    ready: bool = False
-    inflight: int = 0
-
-
-def load_scorers(settings: ServerSettings) -> dict[str, Scorer]:
-    """Every scorer the settings name, loaded on their device."""
-    built = {}
-    for spec in settings.scorers:
-        kwargs = {"path": spec.path} if spec.path else {}
-        built[spec.name] = make_scorer(
-            spec.name, device=settings.device, dtype=settings.dtype, **kwargs
-        )
-    return built
-
-
-def pin_threads(settings: ServerSettings) -> None:
-    """Score with ``settings.threads`` torch CPU threads, when given (the server's whole
-    process: call it where the server starts)."""
-    if settings.threads is not None:
-        import torch
-
-        torch.set_num_threads(settings.threads)
-
-
-def _load_scorers(state: ServerState) -> dict[str, Scorer]:
-    if state.given_scorers is not None:
-        return state.given_scorers
-    return load_scorers(state.settings)
-
-
-async def _heartbeat(state: ServerState, client, info: ReplicaInfo) -> None:
-    ttl = state.settings.heartbeat_ttl_s
-    while True:
-        try:
-            load = info.model_copy(update={"load": state.inflight})
-            await asyncio.to_thread(register, client, load, ttl)
-        except Exception as exc:  # Redis away: keep serving, retry next beat
-            log.warning("heartbeat to Redis failed: %s", exc)
-        await asyncio.sleep(ttl / 3)
-
-
-@contextlib.asynccontextmanager
-async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    state: ServerState = app.state.server
-    settings, metrics = state.settings, state.metrics
-    if state.replica_id is not None:
-        settings.replica_id = state.replica_id()
-    pin_threads(settings)
-    loaded = await asyncio.to_thread(_load_scorers, state)
-    for name, scorer in loaded.items():
-        batcher = DynamicBatcher(
-            scorer,
-            settings.max_batch,
-            settings.max_wait_ms / 1000.0,
-            on_batch=metrics.on_batch,
-            on_depth=metrics.on_depth,
-        )
-        batcher.start()
-        state.batchers[name] = batcher
-    beat = None
-    if settings.redis_url:
-        client = connect_redis(settings.redis_url, settings.redis_password)
-        state.redis = client
-        state.cache = RedisCache(client)
-        info = ReplicaInfo(
-            replica=settings.replica_id,
-            url=settings.url(),
-            scorers=sorted(loaded),
-            pid=os.getpid(),
-            started=time.time(),
-        )
-        await asyncio.to_thread(register, client, info, settings.heartbeat_ttl_s)
-        beat = asyncio.get_running_loop().create_task(_heartbeat(state, client, info))
-    else:
-        state.cache = MemoryCache(settings.cache_capacity)
-    state.ready = True
-    try:
-        yield
-    finally:
-        state.ready = False
-        if beat is not None:
-            beat.cancel()
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(deregister, state.redis, settings.replica_id)
-        for batcher in state.batchers.values():
-            await batcher.stop()
 
 
 # --- ASGI wrappers ----------------------------------------------------------------------
@@ -247,7 +80,7 @@ class _BodyLimit:
             return await self.app(scope, receive, send)
         declared = Headers(scope=scope).get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            refused = _body_too_large(self.limit)
+            refused = body_too_large(self.limit)
             response = error_response(refused.status_code, refused.detail, refused.field)
             return await response(scope, receive, send)
         size = 0
@@ -257,7 +90,7 @@ class _BodyLimit:
             message = await receive()
             size += len(message.get("body", b""))
             if size > self.limit:
-                raise _body_too_large(self.limit)
+                raise body_too_large(self.limit)
             return message
 
         return await self.app(scope, counted, send)
@@ -341,7 +174,7 @@ async def score_request(
     try:
         req = ScoreRequest.model_validate_json(request_json)
     except ValidationError as err:
-        raise ApiError(422, *_describe(err.errors(), prefix="request")) from None
+        raise ApiError(422, *describe_errors(err.errors(), prefix="request")) from None
     unknown = [s for s in req.scorers if s not in state.batchers]
     if unknown:
         known = ", ".join(sorted(state.batchers))
@@ -496,14 +329,14 @@ def create_app(
     ``replica_id``: called at startup to name this replica (one app object serving several
     replicas, as a Ray Serve deployment does)."""
     state = ServerState(settings, ServerMetrics(), scorers, replica_id)
-    app = FastAPI(title="g2rpo reward server", version="1", lifespan=_lifespan)
+    app = FastAPI(title="g2rpo reward server", version="1", lifespan=lifespan)
     app.state.server = state
     app.include_router(v1)
     app.include_router(public)
-    app.add_exception_handler(HTTPException, _on_http_error)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(BadInput, _on_bad_input)
-    app.add_exception_handler(TooLarge, _on_too_large)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(BadInput, on_bad_input)
+    app.add_exception_handler(TooLarge, on_too_large)
     app.add_middleware(_BodyLimit, limit=settings.max_payload_bytes)
     app.add_middleware(_ScoreMetrics, state=state)  # outermost: sees the body limit's 413s
     return app

@@ -12,7 +12,7 @@ A batch goes as several requests of at most ``request_bytes`` each (a FLUX worke
 193 leaves of 720² are 286 MiB, over the server's 64 MiB default body limit), each
 encoded only when its turn comes, up to ``concurrency`` of one call's in flight, each
 retried and failed over on its own; the answers are merged back into one
-ScoreResponse in the images' order (``merge_responses``), and ``last_requests`` lists
+ScoreResponse in the images' order (request_chunks.py), and ``last_requests`` lists
 the bodies sent. A request the server refuses as too large (413: its limit is below
 ours) is split in half, or at once to the limit the server named, and sent again, down
 to one image; later batches are cut to that limit from the start.
@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import itertools
-import json
 import logging
 import math
-import re
 import threading
 import time
 
@@ -37,17 +34,21 @@ import numpy as np
 from ..common.errors import G2RPOError
 from ..common.redis_access import RedisPassword, connect_redis
 from .discovery import live_replicas
-from .embeddings import merge_embeddings
+from .request_chunks import (
+    Batch,
+    Refused,
+    SentRequest,
+    chunk_ranges,
+    images_per_request,
+    merge_responses,
+    prompt_bytes,
+    server_limit,
+)
 from .schemas import SAFETENSORS_TYPE, ScoreRequest, ScoreResponse
 from .tls import client_verify, require_https, untrusted_server, unverified_certificate
 from .wire import encode_safetensors
 
 log = logging.getLogger(__name__)
-
-# What a request body holds besides its images and prompts: the multipart boundaries
-# and part headers, the safetensors header, the scorer names and the request id (about
-# 500 bytes; a body that still comes out over the bound is split before it is sent).
-HEADER_ALLOWANCE_BYTES = 16 * 2**10
 
 
 class NoReplicaAvailable(G2RPOError, RuntimeError):
@@ -67,91 +68,6 @@ class RewardRequestError(G2RPOError, ValueError):
         # exception to the driver pickled, and without this it arrived as
         # "UnserializableException: Failed to deserialize exception"
         return type(self), (self.status, self.detail)
-
-
-@dataclasses.dataclass(frozen=True)
-class SentRequest:
-    """One request body a ``score`` call sent (retries of the same body count once)."""
-
-    first: int  # index of its first image in the batch
-    images: int
-    body_bytes: int
-    status: int | None  # HTTP status of its last answer; None: no replica answered
-
-
-# ------------------------------------------------------------------ chunking arithmetic
-def prompt_bytes(prompts: list[str]) -> int:
-    """Upper bound of one prompt's share of the request JSON: the longest prompt as
-    ASCII-escaped JSON (never shorter than its UTF-8), plus its separator."""
-    return max((len(json.dumps(p)) + 1 for p in prompts), default=0)
-
-
-def images_per_request(
-    image_bytes: int,
-    prompt_bytes: int,
-    request_bytes: int,
-    header_bytes: int = HEADER_ALLOWANCE_BYTES,
-) -> int:
-    """How many images (with their prompts) one request body of at most
-    ``request_bytes`` holds; at least one, since an image cannot be cut."""
-    return max(1, (request_bytes - header_bytes) // max(1, image_bytes + prompt_bytes))
-
-
-def chunk_ranges(count: int, per_request: int) -> list[tuple[int, int]]:
-    """``[lo, hi)`` ranges covering ``range(count)`` in order: as few as ``per_request``
-    images per range allows, their sizes within one of each other (so concurrent
-    requests finish together). An empty batch is one empty range: one request."""
-    chunks = max(1, math.ceil(count / max(1, per_request)))
-    bounds = [count * k // chunks for k in range(chunks + 1)]
-    return list(itertools.pairwise(bounds))
-
-
-def merge_responses(parts: list[ScoreResponse], request_id: str | None) -> ScoreResponse:
-    """The answer one request for the whole batch would have had, from the answers of
-    its chunks in batch order: scores concatenated; ``cached`` (images answered from
-    the cache) summed; ``timings_ms`` summed (server time spent on the batch, not wall
-    time: the chunks ran concurrently); distinct versions and replicas joined by ",",
-    in order of first appearance (one version each, unless replicas disagree)."""
-    if len(parts) == 1:
-        return parts[0].model_copy(update={"request_id": request_id})
-    scorers = list(parts[0].scores)
-    timings: dict[str, float] = {}
-    for part in parts:
-        for key, ms in part.timings_ms.items():
-            timings[key] = timings.get(key, 0.0) + ms
-    versions = {n: _joined(p.versions[n] for p in parts) for n in scorers}
-    for name, version in versions.items():
-        if "," in version:
-            log.warning("replicas scored %s with different versions: %s", name, version)
-    return ScoreResponse(
-        request_id=request_id,
-        scores={n: [s for p in parts for s in p.scores[n]] for n in scorers},
-        versions=versions,
-        cached={n: sum(p.cached[n] for p in parts) for n in scorers},
-        timings_ms=timings,
-        replica=_joined(p.replica for p in parts),
-        embeddings=merge_embeddings([p.embeddings for p in parts]),
-    )
-
-
-def _joined(values) -> str:
-    return ",".join(dict.fromkeys(values))
-
-
-def server_limit(detail: str) -> int | None:
-    """The body limit a server's 413 names (``request body exceeds N bytes``), if any."""
-    found = re.search(r"exceeds (\d+) bytes", detail)
-    return int(found.group(1)) if found else None
-
-
-@dataclasses.dataclass
-class _Refused:
-    """A chunk the server refused as too large (413), or that came out over our own
-    bound once encoded: split it."""
-
-    url: str | None
-    detail: str
-    body_bytes: int
 
 
 class RewardClient:
@@ -332,7 +248,7 @@ class RewardClient:
             raise RewardRequestError(
                 422, f"prompts: {len(prompts)} prompts for {arr.shape[0]} images"
             )
-        batch = _Batch(
+        batch = Batch(
             arr,
             list(prompts),
             list(scorers),
@@ -350,7 +266,7 @@ class RewardClient:
             self.last_requests = sorted(sent, key=lambda r: r.first)
         return merge_responses(parts, request_id)
 
-    def _ranges(self, batch: _Batch, lo: int, hi: int, at_most: int | None = None):
+    def _ranges(self, batch: Batch, lo: int, hi: int, at_most: int | None = None):
         per = images_per_request(batch.image_bytes, batch.prompt_bytes, self.request_limit())
         if at_most is not None:
             per = min(per, at_most)
@@ -406,7 +322,7 @@ class RewardClient:
             batch, self._ranges(batch, lo, hi, math.ceil((hi - lo) / 2)), sent
         )
 
-    def _one_image_refused(self, batch: _Batch, refused: _Refused) -> str:
+    def _one_image_refused(self, batch: Batch, refused: Refused) -> str:
         _, height, width, _ = batch.images.shape
         return (
             f"the reward server at {refused.url} refuses even one image of {height}x{width} "
@@ -418,7 +334,7 @@ class RewardClient:
 
     async def _send(
         self, header: ScoreRequest, body: bytes, first: int, count: int, sent: list
-    ) -> ScoreResponse | _Refused:
+    ) -> ScoreResponse | Refused:
         """One request, retried with backoff and failed over until a replica answers or
         the deadline passes (counted from its first try)."""
         deadline = time.monotonic() + self.deadline_s
@@ -438,7 +354,7 @@ class RewardClient:
                     length = int(request.headers["content-length"])
                     if length > self.request_limit() and count > 1:
                         # our estimate of the body was short: never send over the bound
-                        return _Refused(None, f"encoded body of {length} bytes", length)
+                        return Refused(None, f"encoded body of {length} bytes", length)
                     size = length
                     self.attempts += 1
                     try:
@@ -455,7 +371,7 @@ class RewardClient:
                         return ScoreResponse.model_validate(response.json())
                     detail = _detail(response)
                     if status == 413:
-                        return _Refused(url, detail, size)
+                        return Refused(url, detail, size)
                     if status in (408, 429) or status >= 500:
                         last_error = f"{url}: {status} {detail}"
                         self._mark_down(url)
@@ -475,30 +391,6 @@ class RewardClient:
     def _mark_down(self, url: str) -> None:
         self.failovers += 1
         self._down[url] = time.monotonic() + self.cooldown_s
-
-
-@dataclasses.dataclass
-class _Batch:
-    """What one score call scores, shared by its chunks."""
-
-    images: np.ndarray
-    prompts: list[str]
-    scorers: list[str]
-    request_id: str | None
-    prompt_bytes: int
-    slots: asyncio.Semaphore  # requests of this call in flight
-    embed: list[str] = dataclasses.field(default_factory=list)  # scorers to embed with
-
-    @property
-    def image_bytes(self) -> int:
-        return math.prod(self.images.shape[1:])
-
-    def whole(self, lo: int, hi: int) -> bool:
-        return lo == 0 and hi == len(self.images)
-
-    def chunk_id(self, lo: int, hi: int) -> str | None:
-        """The request id of images ``[lo, hi)``: the batch's, suffixed with the range."""
-        return None if self.request_id is None else f"{self.request_id}/{lo}-{hi}"
 
 
 def _detail(response: httpx.Response) -> str:

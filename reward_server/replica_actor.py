@@ -109,7 +109,7 @@ class RewardReplica:
 
     def _start(self) -> None:
         from ..common.net import free_port
-        from .app import load_scorers, pin_threads
+        from .replica_state import load_scorers, pin_threads
 
         with self._lock:
             if self.thread is not None and self.thread.is_alive():

@@ -1,6 +1,7 @@
 """Tree-shaped rollout plans: BranchGRPO's binary tree with SDE on every edge and
-TreeGRPO's ODE trunk with a window of binary SDE splits (``rollout_worker/plan.py``
-has the other methods' builders; the plan itself is ``common/rollout_plan.py``).
+TreeGRPO's ODE trunk with a window of binary SDE splits (``rollout_worker/plan.py`` and
+``rollout_worker/member_plans.py`` have the other methods' builders; the plan itself is
+``common/rollout_plan.py``).
 A tree's node below the root has one advantage slot, p·N + node (N nodes per tree);
 ``learner/advantages.py`` turns leaf rewards into the nodes' advantages."""
 

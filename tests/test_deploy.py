@@ -2,8 +2,8 @@
 every core manifest (and every pod template inside KubeRay and Deployment objects)
 validates strictly against the Kubernetes 1.37 schemas; RayCluster and RayJob carry
 KubeRay's required fields; the overlays' patches and components apply to the base; the
-generated PrometheusRule is what its generator writes; docker-compose's services point at
-files that exist.
+generated PrometheusRule is what its generator writes. (docker-compose and the images:
+tests/test_deploy_images.py.)
 
 And the KubeRay manifests, as each overlay renders them, can run the config their job
 names: the ConfigMap is a shipped recipe plus the stated deploy overrides and `g2rpo plan`
@@ -12,26 +12,36 @@ whole learner group (its STRICT_PACK placement group); every Ray pod mounts the 
 directory (one claim at run.output_dir); /dev/shm holds the object store. What the
 operator, Kubernetes and kube-prometheus-stack make of them: tests/test_operator_conformance.py."""
 
-import functools
 import json
 import math
 import re
-import shlex
 import sys
-from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
-from kustomize_render import render, render_with_components
+from deploy_render import (
+    DEPLOY,
+    GPU,
+    RENDERS,
+    REPO,
+    _base,
+    _clusters,
+    _containers,
+    _gpus,
+    _job_config,
+    _plan,
+    _pod_templates,
+    _quantity,
+    _ray_pods,
+    _rendered,
+    _with_reward_service,
+)
 
-REPO = Path(__file__).parents[1]
-DEPLOY = REPO / "deploy"
 K8S_VERSION = "1.37.0"
 CORE = {"v1", "apps/v1", "autoscaling/v2", "networking.k8s.io/v1"}
 HARDWARE = re.compile(r"^# hardware: (\d+) x (\d+(?:\.\d+)?)GiB GPUs$", re.M)
 RECIPE = re.compile(r"^# recipe: (\S+)$", re.M)
-GPU = "nvidia.com/gpu"
 # What the ConfigMap may change in the recipe it holds, and nothing else (`# deploy:` there)
 DEPLOY_OVERRIDES = {
     "run.output_dir": "/runs",  # the g2rpo-runs claim, mounted on every Ray pod
@@ -42,20 +52,6 @@ DEPLOY_OVERRIDES = {
     "train.reward.token_env": "G2RPO_REWARD_TOKEN",  # the reward-token Secret
     "train.reward.redis_password_env": "G2RPO_REDIS_PASSWORD",  # the redis-password Secret
 }
-RENDERS = ["base", "cpu", "gpu"]
-
-
-def _base() -> dict[str, dict]:
-    return render(DEPLOY / "k8s/base")
-
-
-def _rendered(name: str) -> dict[str, dict]:
-    """The base or an overlay as kustomize renders it, by "Kind/name"."""
-    return _base() if name == "base" else render(DEPLOY / f"k8s/overlays/{name}")
-
-
-def _with_reward_service() -> dict[str, dict]:
-    return render_with_components(DEPLOY / "k8s/base", DEPLOY / "k8s/components/reward-service")
 
 
 def _pod(template: dict, name: str) -> dict:
@@ -159,99 +155,7 @@ def test_overlay_patches_apply_and_validate(overlay):
     assert "ghcr.io/g2rpo/g2rpo" in used and used <= images <= offered
 
 
-def _containers(doc):
-    return [c for t in _pod_templates(doc) for c in t["spec"]["containers"]]
-
-
-def _pod_templates(doc) -> list[dict]:
-    spec = doc.get("spec", {})
-    templates = [spec.get("template")]
-    for cluster in (spec, spec.get("rayClusterSpec") or {}):
-        if "headGroupSpec" in cluster:
-            templates.append(cluster["headGroupSpec"]["template"])
-            templates += [g["template"] for g in cluster["workerGroupSpecs"]]
-    templates.append(spec.get("submitterPodTemplate"))
-    return [t for t in templates if t]
-
-
 # --------------------------------------------------------------------- the Ray pods
-
-
-def _clusters(docs) -> list[tuple[str, dict]]:
-    """(name, RayClusterSpec) of the RayJob and of the standing RayCluster."""
-    out = []
-    for key, doc in docs.items():
-        if doc["kind"] == "RayJob":
-            out.append((key, doc["spec"]["rayClusterSpec"]))
-        elif doc["kind"] == "RayCluster":
-            out.append((key, doc["spec"]))
-    assert {k.split("/")[0] for k, _ in out} == {"RayJob", "RayCluster"}, out
-    return out
-
-
-def _ray_pods(spec: dict) -> list[tuple[str, dict, dict, int]]:
-    """(where, template, rayStartParams, replicas) of the head and each worker group."""
-    head = spec["headGroupSpec"]
-    pods = [("head", head["template"], head["rayStartParams"], 1)]
-    for g in spec["workerGroupSpecs"]:
-        pods.append((g["groupName"], g["template"], g["rayStartParams"], g["replicas"]))
-    return pods
-
-
-def _job(docs) -> dict:
-    (job,) = [d for d in docs.values() if d["kind"] == "RayJob"]
-    return job
-
-
-@functools.cache
-def _config_of(text: str, sets: tuple[str, ...]):
-    from g2rpo.common.config import config_from_dict
-
-    return config_from_dict(yaml.safe_load(text), list(sets))
-
-
-def _job_config(docs) -> tuple:
-    """What the RayJob's entrypoint runs: the config (the ConfigMap mounted on the head,
-    or a path the image ships) with its --set overrides applied, that config's YAML text,
-    the overrides, and its --redis-url."""
-    job = _job(docs)
-    args = shlex.split(job["spec"]["entrypoint"])
-    assert args[:2] == ["g2rpo", "train"], args
-    config = args[args.index("--config") + 1]
-    sets = tuple(args[i + 1] for i, a in enumerate(args) if a == "--set")
-    redis = args[args.index("--redis-url") + 1] if "--redis-url" in args else None
-    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
-    mounts = {m["mountPath"]: m["name"] for m in head["containers"][0]["volumeMounts"]}
-    volumes = {v["name"]: v for v in head["volumes"]}
-    if config.startswith("/"):
-        folder, name = config.rsplit("/", 1)
-        source = volumes[mounts[folder]]["configMap"]["name"]
-        text = docs[f"ConfigMap/{source}"]["data"][name]
-    else:
-        text = (REPO / config).read_text()
-    return _config_of(text, sets), text, sets, redis
-
-
-@functools.cache
-def _plan(text: str, sets: tuple[str, ...]) -> dict:
-    from g2rpo.planning.check import report
-
-    return report(_config_of(text, sets))
-
-
-def _quantity(q) -> float:
-    """A Kubernetes quantity (64Gi, 500m, 8) as a number (bytes, cores)."""
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9}
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)(m|Ki|Mi|Gi|Ti|k|M|G)?", str(q))
-    assert m, q
-    return float(m.group(1)) * (1e-3 if m.group(2) == "m" else units.get(m.group(2), 1))
-
-
-def _gpus(template: dict) -> int:
-    res = template["spec"]["containers"][0]["resources"]
-    asked = {int(res.get(k, {}).get(GPU, 0)) for k in ("requests", "limits")}
-    assert len(asked) == 1, f"{GPU} requests and limits differ: {res}"
-    return asked.pop()
 
 
 @pytest.mark.parametrize("render", RENDERS)
@@ -476,160 +380,3 @@ def test_prometheus_rule_is_generated_from_the_rule_files():
         "regenerate: .venv/bin/python deploy/k8s/prometheus_rule.py "
         "> deploy/k8s/base/monitoring/prometheus-rules.yaml"
     )
-
-
-def test_compose_and_dockerfiles_point_at_what_exists():
-    compose_dir = DEPLOY / "compose"
-    compose = yaml.safe_load((compose_dir / "docker-compose.yaml").read_text())
-    for name, service in compose["services"].items():
-        for port in service.get("ports", []):
-            assert port.startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
-        for volume in service.get("volumes", []):
-            source = volume.split(":")[0]
-            if source.startswith("."):
-                assert (compose_dir / source).exists(), f"{name}: {source}"
-    assert {"redis", "reward-1", "reward-2", "prometheus", "grafana"} == set(compose["services"])
-    root = DEPLOY.parent
-    for dockerfile in (DEPLOY / "docker").glob("Dockerfile*"):
-        for line in dockerfile.read_text().splitlines():
-            if line.startswith("COPY ") and "--from=" not in line:
-                for src in line.split()[1:-1]:
-                    assert (root / src).exists(), f"{dockerfile.name}: COPY {src}"
-        assert "USER " in dockerfile.read_text()  # never root at run time
-
-
-def test_compose_documents_a_training_run_it_serves():
-    """The `g2rpo train` command docker-compose's header documents runs a config of the
-    repo that `g2rpo plan` passes on one host, against this compose file: its Redis port,
-    the replicas' token variable (exported in the same shell) and scorers, the metrics
-    port Prometheus scrapes; and the header says where its run directory lands."""
-    compose_dir = DEPLOY / "compose"
-    text = (compose_dir / "docker-compose.yaml").read_text()
-    header = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("#")]
-    start = next(i for i, ln in enumerate(header) if ln.startswith("g2rpo train "))
-    command = []
-    for line in header[start:]:
-        command.append(line.rstrip("\\").strip())
-        if not line.endswith("\\"):
-            break
-    args = shlex.split(" ".join(command), comments=True)
-    config = args[args.index("--config") + 1]
-    sets = tuple(args[i + 1] for i, a in enumerate(args) if a == "--set")
-    redis = args[args.index("--redis-url") + 1]
-    assert (REPO / config).is_file(), config
-    recipe = (REPO / config).read_text()
-    cfg = _config_of(recipe, sets)
-    plan = _plan(recipe, sets)
-    assert plan["fits"] and plan["gpus_asked"] <= 8, "not a one-host run g2rpo plan passes"
-
-    compose = yaml.safe_load(text)
-    services = compose["services"]
-    (published,) = services["redis"]["ports"]
-    assert redis.startswith(f"redis://{published.rsplit(':', 1)[0]}/"), (redis, published)
-    assert cfg.train.reward.job_replicas(redis) == 0  # the compose replicas, not its own
-    token = cfg.train.reward.token_env
-    assert f"export {token}=" in text, "the token must reach the training shell too"
-    for name in ("reward-1", "reward-2"):
-        command = services[name]["command"]
-        assert command[command.index("--token-env") + 1] == token
-        assert token in services[name]["environment"]
-        served = command[command.index("--scorers") + 1].split(",")
-        assert {r.name for r in cfg.rewards} <= set(served), (name, served)
-    targets = json.loads((compose_dir / "targets/train.json").read_text())
-    assert targets[0]["targets"][0].endswith(f":{cfg.train.metrics.port}"), targets
-    where = Path(cfg.run.output_dir) / cfg.run.name
-    assert f"./{where}" in text or str(where) in text, f"the header never says {where}"
-
-
-def _copied_into_src(dockerfile: Path) -> set[str]:
-    sources = set()
-    for line in dockerfile.read_text().splitlines():
-        parts = line.split()
-        if parts[:1] == ["COPY"] and "--from=" not in line and parts[-1].startswith("/src"):
-            sources.update(parts[1:-1])
-    return sources
-
-
-def test_the_images_carry_what_their_commands_need():
-    """Both images `pip install /src`: each copies every folder pyproject's package-dir
-    installs, the package data among them (the committed world, the configs), so that
-    docker-compose's reward servers find shapes_clip's default model and the CPU
-    overlay's `--config configs/tiny.yaml` resolves (tests/test_packaging.py installs a
-    wheel built from that set and runs from it)."""
-    import re
-
-    import tomllib
-    from g2rpo.common.paths import DEFAULT_WORLD, PROJECT_ROOT
-
-    tool = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
-    folders = {target.split("/")[0] for target in tool["package-dir"].values()}
-    assert {"assets", "configs"} <= folders
-    for name in ("Dockerfile", "Dockerfile.reward"):
-        copied = _copied_into_src(DEPLOY / "docker" / name)
-        assert folders | {"pyproject.toml", "README.md"} <= copied, f"{name} lacks some"
-
-    # the scorers the compose replicas and the CPU overlay serve from their default dirs
-    compose = yaml.safe_load((DEPLOY / "compose/docker-compose.yaml").read_text())
-    texts = [" ".join(s["command"]) for n, s in compose["services"].items() if "reward" in n]
-    texts.append((DEPLOY / "k8s/overlays/cpu/kustomization.yaml").read_text())
-    served = {
-        name
-        for text in texts
-        for value in re.findall(r"--scorers[= ]([\w,=./-]+)", text)
-        for name in value.split(",")
-        if "=" not in name
-    }
-    assert "shapes_clip" in served
-    world = DEFAULT_WORLD.relative_to(PROJECT_ROOT)
-    assert world.parts[0] in folders  # shapes_clip's default, DEFAULT_WORLD/shapes_clip
-    assert (DEFAULT_WORLD / "shapes_clip" / "model.safetensors").is_file()
-
-
-def test_the_reward_server_imports_only_its_image_requirements():
-    """Dockerfile.reward installs the project with --no-deps plus reward-requirements.txt:
-    serving every scorer kind must not need the project's other dependencies. transformers
-    imports some of them (jinja2, scipy, accelerate) only when they are installed; g2rpo's
-    own modules must import none."""
-    import re
-    import subprocess
-
-    import tomllib
-
-    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]
-
-    def names(reqs):
-        return {re.split(r"[<>=\[ ;]", r.strip(), maxsplit=1)[0].lower() for r in reqs if r.strip()}
-
-    wanted = (DEPLOY / "docker/reward-requirements.txt").read_text().splitlines()
-    allowed = names(r for r in wanted if not r.startswith("#")) | {"torch"}
-    excluded = names(project["dependencies"]) - allowed
-    assert {"ray", "diffusers", "peft", "matplotlib"} <= excluded
-    code = (
-        "from g2rpo.cli import build_parser\n"
-        "from g2rpo.reward_server.app import create_app\n"
-        "from g2rpo.reward_server.settings import ServerSettings, ScorerSpec\n"
-        "from g2rpo.reward_server.scorers import clip_score, image_reward, shapes_oracle, jpeg\n"
-        "from g2rpo.reward_server.convert import convert_reward\n"
-        "create_app(ServerSettings(scorers=[ScorerSpec(name='shapes_oracle')]))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stderr.splitlines()
-    # the import tree, parents after children: walk it keeping each line's parent
-    parents: dict[int, str] = {}
-    importers: dict[str, str] = {}
-    for line in reversed(lines):
-        if not line.startswith("import time:") or "imported package" in line:
-            continue
-        field = line.split("|")[2]
-        depth = (len(field) - len(field.lstrip())) // 2
-        name = field.strip()
-        parents[depth] = name
-        top = name.split(".")[0].replace("_", "-").lower()
-        if top in excluded and depth > 0:
-            importers.setdefault(top, parents[depth - 1])
-    ours = {pkg: by for pkg, by in importers.items() if by.startswith("g2rpo")}
-    assert not ours, f"g2rpo modules import packages the reward image lacks: {ours}"
-    assert importers.keys() <= {"jinja2", "scipy", "accelerate"}, importers

@@ -22,10 +22,10 @@ from deploy_facts import (
     namespaces_created,
     running_pods,
 )
+from deploy_render import RENDERS, _job_config, _rendered, _with_reward_service
 from k8s_rules import Pod, expand, ingress_allowed, selects
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from test_deploy import RENDERS, _job_config, _rendered, _with_reward_service
 
 ADMIN_NAMESPACE = "g2rpo-admin"  # deploy/k8s/base/network-policy.yaml `ray-from-admin`
 # the kuberay-operator chart's pod labels (helm-chart/kuberay-operator/templates/

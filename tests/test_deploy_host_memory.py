@@ -11,8 +11,8 @@ the pods were sized by a comment's arithmetic, never held to the plan."""
 import math
 
 import pytest
+from deploy_render import RENDERS, _clusters, _gpus, _job_config, _quantity, _ray_pods, _rendered
 from g2rpo.planning.host_nodes import host_plan
-from test_deploy import RENDERS, _clusters, _gpus, _job_config, _quantity, _ray_pods, _rendered
 
 GiB = 2**30
 

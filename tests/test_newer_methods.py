@@ -1,25 +1,24 @@
 """The newer methods in the same engine (../shared/docs/newer-methods.md): CPS's step
 (coefficients, noise, log-prob), TempFlow-GRPO's tree, noise-aware step weights and
-per-(prompt, step) advantages, Flow-GRPO-Fast's trunk-and-window plan, BranchGRPO's tree
-and per-depth advantages, GRPO-Guard's normalised ratio and per-step reweighting, each
-method's NFEs as the doc's table derives them (2 iterations of each through the Ray path:
-tests/test_newer_methods_training.py)."""
+per-(prompt, step) advantages, Flow-GRPO-Fast's trunk-and-window plan, GRPO-Guard's
+normalised ratio and per-step reweighting, each method's NFEs as the doc's table derives
+them (2 iterations of each through the Ray path: tests/test_newer_methods_training.py).
+BranchGRPO: tests/test_newer_methods_branchgrpo.py; DiffusionNFT and AWM:
+tests/test_newer_methods_nft.py."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from g2rpo.common.config import ConfigError, load_config
 from g2rpo.common.ppo import ppo_clip_loss
 from g2rpo.common.rollout_plan import algorithm_nfe, tree_nfe
-from g2rpo.common.sde import cps_coefficients, gaussian_log_prob, noise_step_weights, sde_step
+from g2rpo.common.sde import cps_coefficients, noise_step_weights, sde_step
 from g2rpo.rollout_worker.plan import flowgrpo_fast_plan, plan_for, tempflow_plan
 
 F64 = torch.float64
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _sd3_sigmas(num_steps: int, shift: float = 3.0) -> torch.Tensor:
@@ -245,179 +244,6 @@ def test_flowgrpo_fast_draws_its_branch_step_per_prompt_from_the_config():
         load_config(None, ["algorithm.name=flowgrpo_fast", "algorithm.flowgrpo_fast.window=8"])
 
 
-# ----------------------------------------------------------------------- BranchGRPO
-
-
-def test_branchgrpo_tree_nfe_and_edges_match_the_docs_count():
-    """Splits {0, 3, 6, 9}: 139 node forwards and 154 trained edges per tree at T=16, 203
-    and 218 at the official T=20 (newer-methods.md §13, §4g); 16 leaves, SDE on every
-    edge, each edge's slot its node's."""
-    from g2rpo.rollout_worker.tree_plans import branchgrpo_plan
-
-    for steps, nfe, edges in ((16, 139, 154), (20, 203, 218)):
-        plan = branchgrpo_plan(2, steps, [0, 3, 6, 9])
-        assert algorithm_nfe(plan) == 2 * nfe and plan.adv_shape == (2, edges)
-        assert plan.group_size == 16 and len(plan.leaf_indices("sample")) == 32
-        trained = {(leaf.root, e.adv_slot) for leaf in plan.leaves for e in leaf.edges if e.trained}
-        assert len(trained) == 2 * edges
-        assert all(e.stochastic for i in plan.leaf_indices("sample") for e in plan.leaves[i].edges)
-
-
-def test_branchgrpo_depth_pruning_trains_fewer_edges_of_the_same_rollout():
-    """DepPru: the tree and its noise are unchanged (same NFEs), edges into the pruned
-    depths are not trained: at T=16 with splits {0, 3, 6, 9}, pruning depths 11..16
-    drops 6 x 16 of the 154 edges."""
-    from g2rpo.rollout_worker.tree_plans import branchgrpo_plan
-
-    full = branchgrpo_plan(1, 16, [0, 3, 6, 9])
-    pruned = branchgrpo_plan(1, 16, [0, 3, 6, 9], prune_depths=[11, 12, 13, 14, 15, 16])
-    assert algorithm_nfe(pruned) == algorithm_nfe(full) == 139
-    trained = {e.adv_slot for leaf in pruned.leaves for e in leaf.edges if e.trained}
-    assert len(trained) == 154 - 6 * 16
-    with pytest.raises(ConfigError, match=r"algorithm\.branchgrpo\.prune_depths"):
-        load_config(
-            None,
-            [
-                "algorithm.name=branchgrpo",
-                "sampling.group_size=16",
-                "algorithm.branchgrpo.prune_depths=[0]",
-            ],
-        )
-
-
-def test_branchgrpo_advantages_per_depth_known_answer():
-    """T=2, splits {0, 1}: depth-1 nodes a (leaves 1, 2) and b (leaves 3, 5) have rewards
-    1.5 and 4, normalised with the unbiased std of two values: ∓0.7071 whatever the gap
-    (the doc's pitfall 2); the leaves are normalised among themselves."""
-    from g2rpo.learner.advantages import plan_advantages
-    from g2rpo.rollout_worker.tree_plans import branchgrpo_plan
-
-    plan = branchgrpo_plan(1, 2, [0, 1], eval_anchor=False)
-    cfg = load_config(
-        None,
-        [
-            "algorithm.name=branchgrpo",
-            "sampling.num_steps=2",
-            "sampling.sde_steps=[0]",
-            "algorithm.branchgrpo.split_steps=[0,1]",
-            "sampling.group_size=4",
-        ],
-    )
-    rewards = torch.tensor([1.0, 2.0, 3.0, 5.0], dtype=F64)
-    adv = plan_advantages(plan, {"shapes_clip": rewards}, cfg)
-    by_slot = {}
-    for i in plan.leaf_indices("sample"):
-        for d, e in enumerate(plan.leaves[i].edges):
-            by_slot[e.adv_slot] = (d, i)
-    depth1 = sorted(float(adv[s]) for s, (d, _) in by_slot.items() if d == 0)
-    assert depth1 == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2)])
-    leaf_adv = {i: float(adv[s]) for s, (d, i) in by_slot.items() if d == 1}
-    expected = (rewards - rewards.mean()) / (rewards.std() + 1e-8)
-    assert [leaf_adv[i] for i in sorted(leaf_adv)] == pytest.approx(expected.tolist())
-    flat = plan_advantages(plan, {"shapes_clip": torch.ones(4, dtype=F64)}, cfg)
-    assert torch.equal(flat, torch.zeros_like(flat))  # no spread at any depth: zero
-    with pytest.raises(ConfigError, match=r"sampling\.group_size 8: BranchGRPO"):
-        load_config(None, ["algorithm.name=branchgrpo", "sampling.group_size=8"])
-    with pytest.raises(ConfigError, match="CPS adds no noise"):
-        load_config(
-            None, ["algorithm.name=branchgrpo", "sampling.group_size=16", "sampling.sde_type=cps"]
-        )
-
-
-def test_branchgrpo_split_noise_is_drawn_and_scored_at_its_scale(tiny_flux):
-    """Split edges draw their noise at split_noise_scale × the std (their 4.0) and record
-    the log-prob of that density, so the learner's recompute before any update gives
-    ratio 1 on every edge; at the unscaled std (their code's log-prob: newer-methods.md
-    §4g.1) the split edges' log-probs differ, the chain edges' do not."""
-    from conftest import flux_cond
-    from g2rpo.common.schedules import sampling_grid
-    from g2rpo.common.sde import step_coefficients
-    from g2rpo.learner.grpo import StepSpec, recompute_log_probs
-    from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
-    from g2rpo.rollout_worker.tree_plans import branchgrpo_plan
-
-    plan = branchgrpo_plan(1, 4, [0, 2], eta=0.3, split_noise_scale=4.0, eval_anchor=False)
-    scales = {e.to - 1: e.noise_scale for leaf in plan.leaves for e in leaf.edges}
-    assert scales == {0: 4.0, 1: 1.0, 2: 4.0, 3: 1.0}
-    default = plan_for(
-        load_config(None, ["algorithm.name=branchgrpo", "sampling.group_size=16"]),
-        0,
-        torch.Generator().manual_seed(0),
-    )
-    assert {e.noise_scale for e in default.leaves[0].edges if e.to - 1 in (0, 3, 6, 9)} == {4.0}
-    grid = sampling_grid(4, 3.0)
-    init, sde = draw_noise(plan, (4, 64), torch.Generator().manual_seed(0))
-    tr = RolloutEngine(tiny_flux, grid).run(plan, flux_cond(1), init, sde).transitions
-    rows = torch.arange(len(tr))
-    split = torch.isin(tr.state_step[tr.state_index], torch.tensor([0, 2]))
-    assert tr.noise_scale.tolist() == [4.0 if s else 1.0 for s in split.tolist()]
-    spec = StepSpec(grid=grid, eta=0.3, sde_type="dance")
-    log_prob, mean, _ = recompute_log_probs(tiny_flux, tr, rows, flux_cond(1), spec)
-    torch.testing.assert_close(log_prob, tr.old_log_probs, rtol=0, atol=1e-6)
-    sig = grid.sigmas
-    std = step_coefficients(
-        sig[tr.state_step[tr.state_index]], sig[tr.next_step], 0.3, "dance", float(sig[1])
-    ).std
-    unscaled = gaussian_log_prob(tr.next_samples, mean, std)
-    assert torch.all((unscaled - tr.old_log_probs).abs()[split] > 1e-3)
-    torch.testing.assert_close(unscaled[~split], tr.old_log_probs[~split], rtol=0, atol=1e-6)
-
-
-def test_branchgrpo_width_pruning_keeps_what_their_two_modes_keep():
-    """Chain edges (after the last split) only; rows before it (chain −1) always stay.
-    branch_best (mode 1), ratio ½: per chain max(1, ⌊n/2⌋) best rows, ties to the earlier
-    (shallower) row; extremes (mode 2): k = max(2, ⌊n/2⌋) rows over all chains, ⌊k/2⌋
-    best and the rest from the worst."""
-    from g2rpo.learner.tree_pruning import width_pruned_rows
-
-    chain = torch.tensor([-1, 0, 0, 0, 0, 1, 1, 1, -1])
-    adv = torch.tensor([9.0, 0.5, 0.5, 0.5, 0.5, 1.0, 3.0, 2.0, -9.0])
-    kept = width_pruned_rows(chain, adv, "branch_best", 0.5)
-    assert kept.tolist() == [0, 1, 2, 6, 8]  # chain 0: its first two; chain 1: ⌊1.5⌋ = 1
-    chain = torch.tensor([-1, *([0] * 5), *([1] * 5)])
-    adv = torch.tensor([0.0, *range(10)], dtype=torch.float64)  # rows 1..10 hold 0..9
-    kept = width_pruned_rows(chain, adv, "extremes", 0.5)
-    assert kept.tolist() == [0, 1, 2, 3, 9, 10]  # the worst 3 (0, 1, 2), the best 2 (8, 9)
-    assert width_pruned_rows(chain, adv, "extremes", 0.05).tolist() == [0, 1, 10]  # k >= 2
-
-
-def test_branchgrpo_width_pruning_finds_each_leafs_chain_and_stops_at_prune_until():
-    """T=6, splits {0, 2}: per tree 20 edges, of which the 12 leaving steps 3..5 lie on
-    the 4 leaves' chains (3 each); pruning (depth too) applies while iteration <=
-    ⌊prune_until × run.iterations⌋."""
-    from types import SimpleNamespace
-
-    from g2rpo.learner.tree_pruning import chain_of_slot
-    from g2rpo.rollout_worker.tree_plans import branchgrpo_plan
-
-    plans = [branchgrpo_plan(2, 6, [0, 2]), branchgrpo_plan(1, 6, [0, 2])]
-    chains = chain_of_slot([SimpleNamespace(plan=p) for p in plans], last_split=2)
-    assert len(chains) == 3 * 12 and sorted(set(chains.values())) == list(range(12))
-    assert all(list(chains.values()).count(c) == 3 for c in range(12))
-    assert min(chains) >= 0 and max(chains) < 2 * 20 + 20  # the second plan's slots offset
-    cfg = load_config(
-        None,
-        [
-            "algorithm.name=branchgrpo",
-            "algorithm.branchgrpo.split_steps=[0,2]",
-            "algorithm.branchgrpo.prune_depths=[6]",
-            "algorithm.branchgrpo.prune_until=0.5",
-            "sampling.group_size=4",
-            "sampling.num_steps=6",
-            "sampling.sde_steps=[0]",
-            "sampling.prompts_per_worker=1",
-            "run.iterations=10",
-        ],
-    )
-    assert [cfg.branch_pruning_active(i) for i in (0, 5, 6)] == [True, True, False]
-
-    def trained(it):
-        plan = plan_for(cfg, it, torch.Generator().manual_seed(0))
-        return len({e.adv_slot for leaf in plan.leaves for e in leaf.edges if e.trained})
-
-    assert (trained(5), trained(6)) == (20 - 4, 20)  # the 4 edges into depth 6 pruned
-
-
 # ---------------------------------------------------------------------- GRPO-Guard
 
 
@@ -486,107 +312,7 @@ def test_guard_loss_divides_each_step_by_its_sigma_decrement(tiny_flux):
     torch.testing.assert_close(loss.detach(), (-adv / dsig).mean(), rtol=1e-5, atol=1e-6)
 
 
-# --------------------------------------------------------------------- DiffusionNFT
-
-
-def test_nft_loss_known_answers():
-    """x0 = 0, x_t = 1, t = ½ (one element), c = 5. β = 1, v_θ = v_old = 1: both implicit
-    policies predict x̂0 = ½, L± = ¼/½ = ½, loss = 5·½ = 2.5 for any r. β = ½, v_θ = 1,
-    v_old = 0: v⁺ = ½ → x̂0⁺ = ¾, L⁺ = ¾; v⁻ = −½ → x̂0⁻ = 5/4, L⁻ = 5/4; loss 5·L/β =
-    7.5 (r = 1) or 12.5 (r = 0); the adaptive scale is not differentiated, so
-    ∂/∂v_θ at r = 1 is 10 · 2·¾·(−¼)/¾ = −5."""
-    from g2rpo.learner.nft import nft_loss
-
-    one, half = torch.ones(1, 1), torch.tensor([0.5])
-    same = nft_loss(one, one, one, torch.zeros(1, 1), half, torch.tensor([0.3]), 1.0, 5.0)
-    assert float(same) == pytest.approx(2.5)
-    v = torch.ones(1, 1, requires_grad=True)
-    pos = nft_loss(v, torch.zeros(1, 1), one, torch.zeros(1, 1), half, torch.ones(1), 0.5, 5.0)
-    assert float(pos.detach()) == pytest.approx(7.5)
-    pos.sum().backward()
-    assert float(v.grad) == pytest.approx(-5.0)
-    neg = nft_loss(one, torch.zeros(1, 1), one, torch.zeros(1, 1), half, torch.zeros(1), 0.5, 5.0)
-    assert float(neg) == pytest.approx(12.5)
-
-
-def test_nft_reward_weight_and_old_policy_schedule():
-    from g2rpo.learner.nft import OldPolicy, nft_reward_weight, old_decay
-
-    r = nft_reward_weight(torch.tensor([0.0, 5.0, -10.0, 2.5]), 5.0)
-    assert r.tolist() == [0.5, 1.0, 0.0, 0.75]
-    assert old_decay(100, "linear_to_0_5") == pytest.approx(0.1)
-    assert old_decay(1000, "linear_to_0_5") == 0.5
-    assert old_decay(74, "delayed_linear_to_0_999") == 0.0
-    assert old_decay(175, "delayed_linear_to_0_999") == pytest.approx(0.75)
-    assert old_decay(1000, "delayed_linear_to_0_999") == 0.999
-    assert old_decay(7, "copy") == 0.0
-    p = torch.nn.Parameter(torch.tensor([4.0]))
-    old = OldPolicy([p])
-    p.data.fill_(8.0)
-    with old.swapped():
-        assert float(p.detach()) == 4.0  # the old weights, inside
-    assert float(p.detach()) == 8.0
-    old.soft_update(0.25)
-    assert float(old.weights[0]) == pytest.approx(0.25 * 4 + 0.75 * 8)
-
-
-def test_nft_plan_and_a_learner_update_with_its_old_policy_checkpointed():
-    """G ODE samples per prompt: P·G·T NFEs, nothing recorded, the evaluation anchor is
-    sample 0's path (no extra NFE). One update on the committed world: N·(T−1)·3
-    forwards (trained, old, reference), the old policy moves to λ·old + (1−λ)·θ and
-    comes back from a checkpoint."""
-    from g2rpo.common.rollout_plan import tree_nfe
-    from g2rpo.learner.trainer import LearnerCore
-    from g2rpo.rollout_worker.plan import nft_plan
-
-    plan = nft_plan(2, 6, 4)
-    assert tree_nfe(plan) == algorithm_nfe(plan) == 2 * 4 * 6
-    over = [
-        f"model.pretrained={REPO / 'assets' / 'shapes-world' / 'pipeline'}",
-        "algorithm.name=nft",
-        "sampling.num_steps=6",
-        "sampling.group_size=3",
-        "sampling.prompts_per_worker=2",
-        "algorithm.nft.old_decay=linear_to_0_5",
-    ]
-    cfg = load_config(REPO / "configs" / "tiny.yaml", over)
-    batch = _world_rollout(cfg)
-    assert batch.leaf_latents is not None and len(batch.transitions) == 0
-    learner = LearnerCore(cfg)
-    before = [w.clone() for w in learner.objective.old.weights]
-    stats = learner.update([batch])
-    assert stats["nfe_learn"] == 6 * 5 * 3 and stats["transitions"] == 6
-    # of each pair's three forwards only the trained velocity's has a backward
-    assert stats["nfe_learn_no_grad"] == 6 * 5 * 2
-    lam = 0.001  # one optimizer step: min(0.001·1, 0.5)
-    for w, b, p in zip(learner.objective.old.weights, before, learner.trainable, strict=True):
-        torch.testing.assert_close(w, lam * b + (1 - lam) * p.detach())
-    again = LearnerCore(cfg)
-    again.load_state_dict(learner.state_dict())
-    for a, b in zip(again.objective.old.weights, learner.objective.old.weights, strict=True):
-        assert torch.equal(a, b)
-    assert again.objective.optimizer_steps == 1
-    with pytest.raises(ConfigError, match=r"train\.learner\.count 2 needs model\.lora"):
-        load_config(None, ["algorithm.name=nft", "train.learner.count=2"])
-    with pytest.raises(ConfigError, match=r"awm runs on unsharded.*model\.mixed_precision"):
-        load_config(
-            None, ["algorithm.name=awm", "model.mixed_precision=fsdp", "model.dtype=bfloat16"]
-        )
-    # a LoRA group (data-parallel replicas) is fine: tests/test_learner_group.py
-    load_config(None, ["algorithm.name=nft", "train.learner.count=2", "model.lora.rank=4"])
-
-
-def _world_rollout(cfg):
-    """One worker's scored rollout of two prompts on the committed world."""
-    from g2rpo.reward_server.scorers.registry import make_scorer
-    from g2rpo.rollout_worker.worker import RolloutWorkerCore
-
-    prompts = ["a red circle on a blue background", "a green square on a yellow background"]
-    worker = RolloutWorkerCore(cfg, 0)
-    plan, cond, result, images = worker.sample(0, prompts)
-    leaf_prompts = [prompts[leaf.prompt] for leaf in plan.leaves]
-    scores = {"shapes_clip": make_scorer("shapes_oracle").score(images.numpy(), leaf_prompts)}
-    return worker.trajectories(0, prompts, plan, cond, result, scores)
+# ------------------------------------------------------------- a step without noise
 
 
 def test_a_trained_step_without_noise_is_refused_at_the_rollout(tiny_flux):
@@ -601,28 +327,3 @@ def test_a_trained_step_without_noise_is_refused_at_the_rollout(tiny_flux):
     init, sde = draw_noise(plan, (4, 64), torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="has no noise"):
         RolloutEngine(tiny_flux, sampling_grid(4, 3.0)).run(plan, flux_cond(1), init, sde)
-
-
-# ---------------------------------------------------------------------------- AWM
-
-
-def test_awm_term_known_answer_and_its_strata():
-    """One element, v_θ = 1, x0 = 0, ε = ½: L = (1 − ½)² = ¼. The term's value is −A
-    (the ratio is exp(ℓ − sg ℓ) = 1) and its gradient A·t·(L + 1e-10)^(p−1)·∂L/∂v =
-    2·0.4·¼^(−¾)·1 = 2.2627 at A = 2, t = 0.4, p = ¼. The strata of {1 … 11} in 6 are
-    {1}, {2,3}, …, {10,11} (AWM's discrete_wo_init on 14 steps)."""
-    from g2rpo.learner.nft import awm_loss, stratified_steps
-
-    v = torch.ones(1, 1, requires_grad=True)
-    term = awm_loss(
-        v, torch.zeros(1, 1), torch.full((1, 1), 0.5), torch.tensor([0.4]), torch.tensor([2.0])
-    )
-    assert float(term.detach()) == pytest.approx(-2.0)
-    term.sum().backward()
-    assert float(v.grad) == pytest.approx(2 * 0.4 * 0.25 ** (-0.75), rel=1e-5)
-    steps = stratified_steps(4000, 1, 12, 6, torch.Generator().manual_seed(0))
-    assert set(steps[:, 0].tolist()) == {1}
-    for k, stratum in enumerate([{2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}], start=1):
-        assert set(steps[:, k].tolist()) == stratum
-    with pytest.raises(ConfigError, match=r"algorithm\.awm\.timesteps"):
-        load_config(None, ["algorithm.name=awm", "sampling.num_steps=8", "sampling.sde_steps=[0]"])

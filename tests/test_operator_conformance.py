@@ -18,6 +18,7 @@ import pytest
 import tomllib
 import yaml
 from deploy_facts import DOCS, REPO, helm_installs, namespace_labels, running_pods
+from deploy_render import DEPLOY, RENDERS, _job, _job_config, _rendered
 from k8s_rules import container_port_errors, forced_onto_one_node, selects, service_errors
 from kps_model import KPS_CHART_VERSION, picked_up, prometheus_spec
 from kuberay_model import (
@@ -30,7 +31,7 @@ from kuberay_model import (
     head_services,
     health_probes,
 )
-from test_deploy import DEPLOY, K8S_VERSION, RENDERS, _job, _job_config, _rendered
+from test_deploy import K8S_VERSION
 
 OVERLAYS = sorted(p.name for p in (DEPLOY / "k8s/overlays").iterdir() if p.is_dir())
 IMAGE = "ghcr.io/g2rpo/g2rpo"  # built from deploy/docker/Dockerfile

@@ -11,10 +11,9 @@ import subprocess
 import httpx
 import numpy as np
 import pytest
-from g2rpo.reward_server.client import (
+from g2rpo.reward_server.client import RewardClient, RewardRequestError
+from g2rpo.reward_server.request_chunks import (
     HEADER_ALLOWANCE_BYTES,
-    RewardClient,
-    RewardRequestError,
     chunk_ranges,
     images_per_request,
     merge_responses,
