@@ -6,14 +6,14 @@ one node, without Ray (the GPU node this is for has none installed):
    device) while the learner builds a one-rank learner (``learner_outside_ray``: an
    FSDP2 group of one for a full fine-tune, as in training);
 2. the learner gathers the version (``LearnerCore.weights``: bf16 on the host);
-3. it puts the version's published form (``common/weights.publishable``: NumPy arrays
+3. it puts the version's published form (``common/wire/weights.publishable``: NumPy arrays
    pickled out of band) into one shared-memory file, as ``ray.put`` copies it into the
    node's object store (/dev/shm), and drops its gathered copy;
 4. the worker maps that file read-only, unpickles views of it, verifies the checksum
    and loads the version into its transformer on the device
    (``RolloutWorkerCore.load_weights``), then checks what it holds.
 
-Each step's seconds, and each process's host memory (``common/process_memory``: the
+Each step's seconds, and each process's host memory (``common/cluster/process_memory``: the
 learner's at each step, the worker's peak while it loads, sampled every millisecond by
 the learner) beside the version's size: the worker's private growth should stay a small
 fraction of it. Ray's own object store is measured on the CPU by ``g2rpo bench
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..common.config import G2RPOConfig
-from ..common.process_memory import PeakSampler, read_status
+from ..common.cluster.process_memory import PeakSampler, read_status
+from ..common.config.run import G2RPOConfig
 
 GiB = 2**30
 ALIGN = 64  # each buffer starts on a cache line, as in Ray's store
@@ -73,8 +73,8 @@ def _worker(cfg_data: dict, conn) -> None:
     try:
         import torch
 
-        from ..common.config import config_from_dict
-        from ..common.weights import weights_checksum
+        from ..common.config.loading import config_from_dict
+        from ..common.wire.weights import weights_checksum
         from ..rollout_worker.worker import RolloutWorkerCore
 
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
@@ -114,7 +114,7 @@ def _answer(conn, what: str) -> dict:
 
 def bench_handoff(cfg: G2RPOConfig, store_dir: str = "/dev/shm") -> dict:
     """The steps of the module's docstring; their seconds and host memory."""
-    from ..common.weights import publishable, state_nbytes
+    from ..common.wire.weights import publishable, state_nbytes
     from ..learner.trainer import learner_outside_ray
 
     context = mp.get_context("spawn")  # CUDA in both: never fork a process that has it

@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from ..common import image_health
-from ..common.flops import best_seconds
+from ..common.algorithms.flops import best_seconds
+from ..common.health import image_health
 
 
 def _best(fn, repeats: int) -> float:

@@ -1,4 +1,4 @@
-"""``g2rpo bench ipc-handoff``: the colocated handoff's protocol (``common/ipc_handoff.py``)
+"""``g2rpo bench ipc-handoff``: the colocated handoff's protocol (``common/wire/ipc_handoff.py``)
 between two processes on one device, timed: a sender process holds a bfloat16 version of
 ``gib`` GiB on the device, hands it bucket by bucket to a receiver process (CUDA IPC
 handles on a GPU, shared-memory handles on the CPU) whose own weights start as zeros;
@@ -31,8 +31,8 @@ def _receiver(device: str, shapes: list, conn) -> None:
     try:
         import torch
 
-        from ..common.ipc_handoff import BucketReceiver, device_identity
-        from ..common.weights import weights_checksum
+        from ..common.wire.ipc_handoff import BucketReceiver, device_identity
+        from ..common.wire.weights import weights_checksum
 
         dev = torch.device(device)
         weights = {
@@ -73,9 +73,9 @@ def bench_ipc_handoff(
     """The module's docstring, measured."""
     import torch
 
-    from ..common.ipc_handoff import BucketSender, digest_sums
-    from ..common.time_sharing import synchronize
-    from ..common.weights import weights_checksum
+    from ..common.cluster.time_sharing import synchronize
+    from ..common.wire.ipc_handoff import BucketSender, digest_sums
+    from ..common.wire.weights import weights_checksum
 
     dev = torch.device(device)
     shapes = _shapes(gib, tensor_mib)

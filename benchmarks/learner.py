@@ -11,19 +11,19 @@ from typing import Any
 
 import torch
 
-from ..common.config import LoraOptions
-from ..common.config_algorithm import OptimConfig
+from ..common.algorithms.flops import count_flops, peak_tflops, utilisation
+from ..common.algorithms.schedules import sampling_grid
+from ..common.config.algorithm import OptimConfig
+from ..common.config.model import LoraOptions
 from ..common.errors import UsageError
-from ..common.flops import count_flops, peak_tflops, utilisation
-from ..common.flux import (
+from ..common.families.flux import (
     FluxVelocity,
     build_tiny_flux,
     count_parameters,
     random_text_cond,
     tiny_flux_config,
 )
-from ..common.lora import add_lora
-from ..common.schedules import sampling_grid
+from ..common.families.lora import add_lora
 from ..learner.grpo import StepSpec, grpo_update
 from ..learner.optimizer import adamw, adamw_kernel
 from ..rollout_worker.engine import RolloutEngine, draw_noise

@@ -53,8 +53,8 @@ def bench_plan_memory(
         raise UsageError("--device cuda: no CUDA device is visible to torch here")
     from diffusers import AutoencoderKL
 
-    from ..common.flux import FluxVelocity
-    from ..common.flux_pipeline import latent_size
+    from ..common.families.flux import FluxVelocity
+    from ..common.families.flux_pipeline import latent_size
     from ..planning import estimate, trace
     from ..planning.presets import preset_config
 

@@ -35,7 +35,7 @@ SETTINGS = {
 
 
 def _ratio_of(cfg, prompts: list[str]) -> tuple[torch.Tensor, int]:
-    from ..common.weights import state_nbytes
+    from ..common.wire.weights import state_nbytes
     from ..learner.trainer import learner_outside_ray
     from ..rollout_worker.worker import RolloutWorkerCore
 
@@ -57,9 +57,9 @@ def bench_precision(
 ) -> dict[str, Any]:
     """Every setting on ``config`` (+ ``overrides``): the ratio statistics of one
     rollout of ``prompts`` train prompts."""
-    from ..common.config import load_config
-    from ..common.one_node import device_overrides
-    from ..common.prompts import read_prompts
+    from ..common.cluster.one_node import device_overrides
+    from ..common.config.loading import load_config
+    from ..common.prompts.prompts import read_prompts
 
     settings = settings or list(SETTINGS)
     unknown = sorted(set(settings) - set(SETTINGS))

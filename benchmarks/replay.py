@@ -16,12 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..common.flux import (
-    FluxVelocity,
-    build_tiny_flux,
-    count_parameters,
-    tiny_flux_config,
-)
+from ..common.families.flux import FluxVelocity, build_tiny_flux, count_parameters, tiny_flux_config
 from ..learner.distributed import (
     RankShare,
     fsdp_modules,
@@ -198,7 +193,7 @@ def bench_replay(
     updates' differences."""
     import torch.multiprocessing as mp
 
-    from ..common.net import free_port
+    from ..common.cluster.net import free_port
 
     if world < 1 or max_batch < 1 or repeats < 1:
         raise ValueError("--world, --max-batch and --repeats must be >= 1")

@@ -11,17 +11,17 @@ from typing import Any
 
 import torch
 
+from ..common.algorithms.flops import count_flops, peak_tflops, utilisation
+from ..common.algorithms.schedules import expected_g2rpo_nfe, sampling_grid
 from ..common.errors import UsageError
-from ..common.flops import count_flops, peak_tflops, utilisation
-from ..common.flux import (
+from ..common.families.flux import (
     FluxVelocity,
     build_tiny_flux,
     count_parameters,
     random_text_cond,
     tiny_flux_config,
 )
-from ..common.schedules import expected_g2rpo_nfe, sampling_grid
-from ..common.transformer_compile import COMPILE_MODES, graphs_compiled
+from ..common.families.transformer_compile import COMPILE_MODES, graphs_compiled
 from ..rollout_worker.engine import RolloutEngine, RolloutResult, draw_noise
 from ..rollout_worker.plan import g2rpo_plan
 

@@ -18,15 +18,15 @@ import numpy as np
 import ray
 import torch
 
-from ..common.config import LoraOptions
+from ..common.algorithms.flops import best_seconds
+from ..common.cluster.net import free_address
+from ..common.cluster.ray_init import init_ray
+from ..common.config.model import LoraOptions
 from ..common.errors import UsageError
-from ..common.flops import best_seconds
-from ..common.flux import build_tiny_flux, count_parameters, tiny_flux_config
-from ..common.lora import add_lora
-from ..common.net import free_address
-from ..common.ray_init import init_ray
-from ..common.weight_sync import WeightGroup, layout_of
-from ..common.weights import load_published, publishable, state_nbytes, weights_checksum
+from ..common.families.flux import build_tiny_flux, count_parameters, tiny_flux_config
+from ..common.families.lora import add_lora
+from ..common.wire.weight_sync import WeightGroup, layout_of
+from ..common.wire.weights import load_published, publishable, state_nbytes, weights_checksum
 from ..learner.trainer import in_rollout_dtype, trained_state
 
 MODES = {  # mode: (LoRA, dtype the workers hold)

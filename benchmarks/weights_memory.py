@@ -1,13 +1,13 @@
 """``g2rpo bench weights-memory``: what a weight version costs each worker's host memory
 as it loads it from the object store, with the version as NumPy arrays (what the
-learner publishes: ``common/weights.publishable``) or, ``pickled``, as torch tensors
+learner publishes: ``common/wire/weights.publishable``) or, ``pickled``, as torch tensors
 (before: each worker unpickled a private copy).
 
 One node, a local Ray of its own (or the one this process already joined): a
 publisher (this process) puts one bf16 version of ``nbytes``, shaped like FLUX's
 weights (many 3072 x 3072 matrices, small norms); two worker actors, each holding a
 module of that version's shapes with every page already written (as a worker's
-transformer is), verify its checksum and load it (``common/weights.load_published``)
+transformer is), verify its checksum and load it (``common/wire/weights.load_published``)
 at the same time. While they do, this process samples each worker's
 ``/proc/PID/status`` every millisecond:
 
@@ -35,10 +35,10 @@ from typing import Any
 import ray
 import torch
 
+from ..common.cluster.process_memory import PeakSampler, read_status
+from ..common.cluster.ray_init import init_ray
 from ..common.errors import UsageError
-from ..common.process_memory import PeakSampler, read_status
-from ..common.ray_init import init_ray
-from ..common.weights import load_published, publishable, state_nbytes, weights_checksum
+from ..common.wire.weights import load_published, publishable, state_nbytes, weights_checksum
 
 MiB = 2**20
 SIDE = 3072  # FLUX.1-dev's hidden size: most of its bytes are 3072-wide matrices

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from ..common.algorithms.flops import best_seconds
 from ..common.errors import UsageError
-from ..common.flops import best_seconds
-from ..common.weights import state_nbytes, weights_checksum
+from ..common.wire.weights import state_nbytes, weights_checksum
 
 FLUX_BLOCK_SHAPES = ((3072, 3072), (3072, 12288))
 GB = 1e9

@@ -27,20 +27,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.resume_or_start and (args.config is None or args.resume is not None):
         raise UsageError("--resume-or-start goes with --config FILE (and without --resume)")
     if args.redis_password_env:  # the variable's name only: its value never reaches a file
-        from g2rpo.common.redis_access import FLAG, redis_password
+        from g2rpo.common.cluster.redis_access import FLAG, redis_password
 
         redis_password(args.redis_password_env, FLAG)  # unset: said before Ray starts
         args.set = [*args.set, f"train.reward.redis_password_env={args.redis_password_env}"]
     resume = args.resume
     if resume is None:  # a bad config says so before Ray and torch load
-        from g2rpo.common.config import load_config
+        from g2rpo.common.config.loading import load_config
 
         load_config(args.config, args.set)
     if args.resume_or_start:
         from g2rpo.orchestration.lifecycle import run_to_continue
 
         resume = run_to_continue(args.config, args.set)
-    from g2rpo.common.stopping import interrupted_exit_code, sigterm_as_interrupt
+    from g2rpo.common.cluster.stopping import interrupted_exit_code, sigterm_as_interrupt
     from g2rpo.orchestration.driver import read_metrics, train
 
     try:
@@ -81,7 +81,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from g2rpo.common.redis_access import FLAG, redis_password
+    from g2rpo.common.cluster.redis_access import FLAG, redis_password
     from g2rpo.orchestration.telemetry import read_status
 
     state = read_status(args.run, args.redis_url, redis_password(args.redis_password_env, FLAG))
@@ -120,7 +120,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_config_show(args: argparse.Namespace) -> int:
-    from g2rpo.common.config import dump_config, load_config
+    from g2rpo.common.config.loading import dump_config, load_config
 
     cfg = load_config(args.config, args.set)
     print(dump_config(cfg), end="")
@@ -163,7 +163,7 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 def _cmd_embed_prompts(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from g2rpo.common.loaders import resolve_local_dir
+    from g2rpo.common.families.loaders import resolve_local_dir
 
     text = Path(args.prompts).read_text(encoding="utf-8")
     prompts = [line.strip() for line in text.splitlines() if line.strip()]
@@ -172,7 +172,7 @@ def _cmd_embed_prompts(args: argparse.Namespace) -> int:
     # a wrong path says so before torch and diffusers load (seconds)
     resolve_local_dir(args.pipeline, "FLUX pipeline", required=("model_index.json",))
     import torch
-    from g2rpo.common.flux_pipeline import FluxComponents, save_prompt_embeddings
+    from g2rpo.common.families.flux_pipeline import FluxComponents, save_prompt_embeddings
 
     comps = FluxComponents.load(args.pipeline)
     with torch.no_grad():

@@ -24,7 +24,7 @@ def add_ipc_handoff_parser(bench_sub) -> None:
         help="the colocated weight handoff between two processes on one device: seconds per "
         "GiB, and the bytes through host memory (handles only)",
         description="A sender process hands a random bfloat16 version to a receiver process "
-        "on the same device bucket by bucket (common/ipc_handoff.py: CUDA IPC handles on a "
+        "on the same device bucket by bucket (common/wire/ipc_handoff.py: CUDA IPC handles on a "
         "GPU, shared-memory handles on the CPU), as learner rank i hands rollout worker i a "
         "version in train.placement colocated; the receiver starts from zeros. No Ray.",
     )

@@ -97,7 +97,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         from g2rpo.orchestration.warm_trainer import WarmTrainer
 
         trainer = WarmTrainer()
-    from g2rpo.common.stopping import interrupted_exit_code, sigterm_as_interrupt
+    from g2rpo.common.cluster.stopping import interrupted_exit_code, sigterm_as_interrupt
 
     try:
         with sigterm_as_interrupt():

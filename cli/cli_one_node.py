@@ -33,8 +33,8 @@ def add_one_node_arguments(p: argparse.ArgumentParser) -> None:
 def one_node_config(args: argparse.Namespace):
     """(the config on this node's device, its overrides); a bad config says so here,
     before torch loads."""
-    from g2rpo.common.config import load_config
-    from g2rpo.common.one_node import device_overrides
+    from g2rpo.common.cluster.one_node import device_overrides
+    from g2rpo.common.config.loading import load_config
 
     overrides = device_overrides(args.config, list(args.set), args.device)
     return load_config(args.config, overrides), overrides

@@ -12,7 +12,7 @@ from g2rpo.common.errors import UsageError
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
 
     cfg = load_config(args.config, args.set)  # a bad config says so before torch loads
     from g2rpo.planning.calibration import calibration
@@ -123,7 +123,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
 
     cfg, overrides = one_node_config(args)
     from g2rpo.planning.doctor import random_weights_config, run_doctor

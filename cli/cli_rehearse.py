@@ -15,7 +15,7 @@ from g2rpo.common.errors import UsageError
 
 
 def _cmd_rehearse(args: argparse.Namespace) -> int:
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a cluster of its own, before ray
     load_config(args.config, args.set)  # a bad config says so before Ray and torch load

@@ -31,8 +31,8 @@ def _cmd_convert_reward(args: argparse.Namespace) -> int:
 
 def _server_settings(args: argparse.Namespace):
     """ServerSettings from the arguments reward-server and reward-serve share."""
+    from g2rpo.common.cluster.redis_access import FLAG, redis_password
     from g2rpo.common.errors import UsageError
-    from g2rpo.common.redis_access import FLAG, redis_password
     from g2rpo.reward_server.settings import ScorerSpec, ServerSettings, mib_bytes, token_from_env
 
     if mib_bytes(args.max_payload_mib) < 1024:

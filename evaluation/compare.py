@@ -21,8 +21,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..common.config import dump_config, load_config
-from ..common.config_diff import config_differences
+from ..common.config.diff import config_differences
+from ..common.config.loading import dump_config, load_config
 from ..common.errors import ConfigError, G2RPOError, RunDirError, RunFailed, UsageError
 from ..common.paths import resolve_path
 from ..run_directory.files import finished, read_metrics
@@ -201,7 +201,7 @@ def train_runs(
         for run, proc in running:
             try:
                 code = proc.wait(timeout=120)
-                # 130/143: interrupted as Ctrl-C interrupts it (common/stopping.py)
+                # 130/143: interrupted as Ctrl-C interrupts it (common/cluster/stopping.py)
                 how = "stopped" if code in (130, 143) else "ended"
             except subprocess.TimeoutExpired:  # no orderly stop: it resumes from an older one
                 proc.kill()

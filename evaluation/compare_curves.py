@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..common.stats import seed_summary
+from ..common.algorithms.stats import seed_summary
 
 
 def change_at_nfe(

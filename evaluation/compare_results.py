@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from ..common.stats import seed_summary
+from ..common.algorithms.stats import seed_summary
 from ..run_directory.files import finished, read_evaluations, read_metrics
 from .compare_curves import curves_at_nfe
 from .compare_spec import CompareSpec, PlannedRun
@@ -28,7 +28,7 @@ def headline_metrics(spec_runs: list[PlannedRun], evaluations: dict) -> list[str
 
 
 def _run_entry(run: PlannedRun, evaluations: dict) -> dict:
-    from ..common.guard import Guard
+    from ..common.health.guard import Guard
 
     rows = read_metrics(run.run_dir)
     guard = run.config.train.guard

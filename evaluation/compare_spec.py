@@ -16,14 +16,10 @@ from typing import Any
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
-from ..common.config import (
-    ConfigError,
-    G2RPOConfig,
-    apply_override,
-    load_config,
-    yaml_problem,
-)
-from ..common.config_train import Section
+from ..common.config.loading import apply_override, load_config, yaml_problem
+from ..common.config.run import G2RPOConfig
+from ..common.config.section import Section
+from ..common.errors import ConfigError
 from ..common.paths import resolve_path
 
 CONTROL = "algorithm.control=true"

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ..common import image_health
-from ..common.embedding_diversity import NAME as DIVERSITY_EMBED
-from ..common.embedding_diversity import embedding_diversity
-from ..common.shapes import parse_prompt, render_batch
-from ..common.stats import per_prompt_means
+from ..common.algorithms.stats import per_prompt_means
+from ..common.health import image_health
+from ..common.health.embedding_diversity import NAME as DIVERSITY_EMBED
+from ..common.health.embedding_diversity import embedding_diversity
+from ..common.prompts.shapes import parse_prompt, render_batch
 from ..run_directory.grids import labelled_grid, spread_rows
 from .evaluate import EvalSettings, SplitSamples
 from .metrics import paired, summarise
 
 
 def health_values(samples: SplitSamples, base: SplitSamples | None) -> dict[str, np.ndarray]:
-    """Every sample's image-health measures (common/image_health.py), those against the
+    """Every sample's image-health measures (common/health/image_health.py), those against the
     base on the base's sample of the same noise (without a base: against itself, 0), and
     ``diversity_embed`` where the samples have embeddings and two or more per prompt."""
     base_thumbs = None if base is None else base.thumbnails

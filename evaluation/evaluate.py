@@ -15,9 +15,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
-from ..common import image_health
-from ..common.families import PipelineComponents, pipeline_sampling_grid
-from ..common.prompts import read_prompts
+from ..common.families.registry import PipelineComponents, pipeline_sampling_grid
+from ..common.health import image_health
+from ..common.prompts.prompts import read_prompts
 from ..rollout_worker.engine import RolloutEngine
 from ..rollout_worker.plan import anchor_plan
 from .metrics import embed_samples, make_scorers, score_samples
@@ -71,7 +71,7 @@ def pipeline_settings(pipeline: str | Path, **overrides) -> EvalSettings:
     """A bare pipeline directory sampled as its family samples (guidance, σ grid and
     timestep convention: the components class's ``SAMPLING``; on the scheduler's own
     grid, the static shift the scheduler was saved with), where no run says."""
-    from ..common.families import components_class, family_of
+    from ..common.families.registry import components_class, family_of
 
     family = dict(components_class(family_of(pipeline)).SAMPLING)
     scheduler = Path(pipeline) / "scheduler" / "scheduler_config.json"

@@ -10,8 +10,8 @@ from ..common.errors import UsageError
 
 
 def export_checkpoint(run: str | Path, which: str, out: str | Path) -> Path:
-    from ..common.families import family_class
-    from ..common.lora import save_lora_weights
+    from ..common.families.lora import save_lora_weights
+    from ..common.families.registry import family_class
     from .policy import load_policy, resolve_policy
 
     out = Path(out)
@@ -42,8 +42,8 @@ def _healthy_is_the_base(run: Path) -> bool:
 
 
 def _export_base(run: Path, out: Path) -> Path:
-    from ..common.config import load_config
-    from ..common.families import components_class, config_family
+    from ..common.config.loading import load_config
+    from ..common.families.registry import components_class, config_family
     from ..common.paths import resolve_path
 
     cfg = load_config(run / "config.yaml")

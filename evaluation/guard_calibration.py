@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from ..common.config_guard import GuardRule
-from ..common.guard import base_mean, directed_bound, is_evaluation_row
+from ..common.config.guard import GuardRule
+from ..common.health.guard import base_mean, directed_bound, is_evaluation_row
 
 PAIR = 2  # evaluations in a row (the guard's default patience)
 MARGIN = 1.5

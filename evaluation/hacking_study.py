@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from ..common.config_guard import GuardConfig, GuardRule
-from ..common.guard import Guard
-from ..common.guard_defaults import default_rules
+from ..common.config.guard import GuardConfig, GuardRule
+from ..common.config.guard_defaults import default_rules
+from ..common.health.guard import Guard
 from ..run_directory.files import read_metrics
 
 PATIENCE = 2

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..common.algorithms.stats import Interval, bootstrap_mean, paired_difference, per_prompt_means
 from ..common.errors import UsageError
-from ..common.stats import Interval, bootstrap_mean, paired_difference, per_prompt_means
 
 ORACLE = "shapes_oracle"
 PASS = f"{ORACLE}/pass"

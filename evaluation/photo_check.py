@@ -1,4 +1,4 @@
-"""``g2rpo hacking photos``: the image-health measures (common/image_health.py) on natural
+"""``g2rpo hacking photos``: the image-health measures (common/health/image_health.py) on natural
 photographs given known hacks, against clean variations of the same photographs.
 
 The decision rule (evaluation/photo_rule.py) has the training guard's shape: a measure's
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from g2rpo.common import image_health
+from g2rpo.common.health import image_health
 from g2rpo.evaluation import photo_hacks as ph
 from g2rpo.evaluation.photo_rule import (
     FALLS,

@@ -1,28 +1,25 @@
 """The set level of ``g2rpo hacking photos``: the training guard's decision shape on the
 photographs, beside the per-image level of evaluation/photo_check.py (which it leaves as is).
 
-The guard (common/guard.py) does not judge one image: at each evaluation it takes, per
-measure, the paired change of the mean over the evaluation's prompts since the first
-evaluation with its 95% CI (run_directory/eval_rows.py, common/stats.paired_difference), and
-a rule is crossed when the CI lies wholly above the threshold (``rises_by``; ``rises_rel``:
-a share of the base's mean, for the levels in ``photo_check.RELATIVE``). A run alarms when a
-rule is crossed at ``DRAWS`` evaluations in a row (its ``patience``, 2).
+The guard (common/health/guard.py) judges no single image: per measure, at each evaluation,
+the paired change of the mean over its prompts since the first evaluation, with its 95% CI
+(run_directory/eval_rows.py, common/algorithms/stats.paired_difference); a rule is crossed
+when the CI lies wholly above the threshold (``rises_by``; ``rises_rel``: a share of the
+base's mean, for ``photo_check.RELATIVE``), and alarms at ``DRAWS`` in a row (patience 2).
 
-Here a trial is a set of photographs standing for one evaluation's prompts: the base is
-their originals; a clean draw replaces each by one of its measured clean variations (one
-kind per trial, or ``mixed``), a hacked draw by one of its hacked images. A trial is two
-draws with different images of each photograph; it is flagged by a measure when both draws
-cross it. Thresholds: each the smallest keeping the CHOOSING photographs' clean trials at
-or below ``fa_target``; judged on the JUDGING photographs' trials, drawn from another seed
-stream. Everything is read from the per-image level's rows (results.json), so the set level
-is recomputed from the committed file alone. Diversity stays per group (photo_check)."""
+A trial: a set of photographs for one evaluation's prompts, the base their originals; a
+clean draw replaces each by a measured clean variation (one kind a trial, or ``mixed``), a
+hacked draw by a hacked image; two draws of different images, flagged when both cross.
+Thresholds: each the smallest keeping the CHOOSING photographs' clean trials at or below
+``fa_target``; judged on the JUDGING photographs' trials, from another seed stream; all
+from the per-image rows in results.json. Diversity stays per group."""
 
 from __future__ import annotations
 
 import time
 
 import numpy as np
-from g2rpo.common.stats import CONFIDENCE, RESAMPLES, paired_difference
+from g2rpo.common.algorithms.stats import CONFIDENCE, RESAMPLES, paired_difference
 from g2rpo.evaluation import photo_check as pc
 from g2rpo.evaluation import photo_hacks as ph
 from g2rpo.evaluation import photo_rule
@@ -53,7 +50,7 @@ class SetLevelSettings(BaseModel):
 
 def lower_bounds(diffs: np.ndarray) -> np.ndarray:
     """[rows, photos] paired differences → each row's lower 95% bound, exactly as
-    common/stats.paired_difference computes it (same scipy call and seed, so the same
+    common/algorithms/stats.paired_difference computes it (same scipy call and seed, so the same
     resample indices; constant rows give their value) but many rows per scipy call: the
     resamples index the last axis only, shared by every row."""
     from scipy.stats import bootstrap
@@ -169,9 +166,9 @@ def draw_statistics(
 
 
 def _check(draws: dict, values: np.ndarray, bases: dict, measures: list[str], n: int, rng) -> int:
-    """Recompute ``n`` random draws' lower bounds with common/stats.paired_difference (the
-    guard's function) and refuse to go on when one differs: the batched bootstrap must be
-    that function."""
+    """Recompute ``n`` random draws' lower bounds with
+    common/algorithms/stats.paired_difference (the guard's function) and refuse to go on when
+    one differs: the batched bootstrap must be that function."""
     keys = list(draws)
     for _ in range(n):
         key = keys[int(rng.integers(len(keys)))]
@@ -299,8 +296,9 @@ def add_set_level(results: dict, s: SetLevelSettings) -> dict:
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     level = {
         "rule": (
-            f"per measure, the paired 95% CI (common/stats.paired_difference, {RESAMPLES} "
-            f"resamples, seed {BOOTSTRAP_SEED}) of (variant − base) over a set's photographs "
+            "per measure, the paired 95% CI (common/algorithms/stats.paired_difference, "
+            f"{RESAMPLES} resamples, seed {BOOTSTRAP_SEED}) of (variant − base) over a set's "
+            "photographs "
             "wholly above the threshold (relative to the base's mean for "
             f"{', '.join(pc.RELATIVE)}); a trial is {DRAWS} draws and is flagged by a measure "
             "that both cross (the guard's patience 2). Diversity stays per group."
@@ -346,7 +344,8 @@ def render_section(results: dict) -> list[str]:
         f"for one evaluation's prompts, drawn {st['draws']} times (two evaluations in a row), "
         "each photograph's image picked from its measured variations above (different images "
         "in the two draws). A measure flags a trial when, at both draws, the paired 95% CI "
-        "(common/stats.paired_difference, as the guard) of (image − original) over the set lies "
+        "(common/algorithms/stats.paired_difference, as the guard) of (image − original) over "
+        "the set lies "
         "wholly above its threshold (relative to the originals' mean for saturation and "
         "contrast, as `rises_rel`). "
         f"{st['clean_trials']} clean trials per kind and {st['clean_trials']} "

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import torch
 
-from ..common.config import G2RPOConfig, load_config
+from ..common.config.loading import load_config
+from ..common.config.run import G2RPOConfig
 from ..common.errors import RunDirError, UsageError
-from ..common.families import PipelineComponents, load_components
-from ..common.loaders import ModelPathError
-from ..common.lora import attach_lora
+from ..common.families.loaders import ModelPathError
+from ..common.families.lora import attach_lora
+from ..common.families.registry import PipelineComponents, load_components
 from ..common.paths import resolve_path
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
@@ -179,7 +180,7 @@ def _load_checkpoint(comps: PipelineComponents, path: Path, cfg: G2RPOConfig | N
         return
     state = torch.load(path, map_location="cpu", weights_only=False)
     if "lora" in state:
-        from ..common.lora import load_adapter_state
+        from ..common.families.lora import load_adapter_state
 
         if cfg is None or cfg.model.lora is None:
             raise RunDirError(f"{path}: a LoRA checkpoint, but its run config has no model.lora")

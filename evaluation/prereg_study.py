@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from ..common.config_guard import GuardConfig, GuardRule
-from ..common.guard import Guard
+from ..common.config.guard import GuardConfig, GuardRule
+from ..common.health.guard import Guard
 from .guard_calibration import calibrate
 
 PATIENCE = 2

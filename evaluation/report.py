@@ -8,8 +8,8 @@ import datetime as dt
 import json
 from pathlib import Path
 
+from ..common.algorithms.stats import paired_difference, per_prompt_means
 from ..common.errors import RunDirError
-from ..common.stats import paired_difference, per_prompt_means
 from ..run_directory.files import (
     finished,
     iteration_of,
@@ -88,8 +88,8 @@ def hacking_watch(rows: list[dict], config_yaml: str) -> dict:
     the evaluation at which ``action: stop`` stops, or would have stopped, the run."""
     import yaml
 
-    from ..common.config_guard import GuardConfig
-    from ..common.guard import Guard
+    from ..common.config.guard import GuardConfig
+    from ..common.health.guard import Guard
 
     guard_cfg = GuardConfig(**(yaml.safe_load(config_yaml) or {}).get("train", {}).get("guard", {}))
     readings = {r["iteration"]: r for r in Guard(guard_cfg).replayed(rows)}

@@ -32,7 +32,7 @@ def draw_eval(ax, evaluations: list[dict]) -> None:
     since the first evaluation (same prompts, same noise), drawn around its level."""
     import numpy as np
 
-    from ..common.stats import paired_difference, per_prompt_means
+    from ..common.algorithms.stats import paired_difference, per_prompt_means
 
     first = evaluations[0]
     n = len(first["prompts"])

@@ -30,8 +30,8 @@ def _images(path: Path) -> np.ndarray:
 def measure_evaluation(images, record, base_thumbs, embed) -> dict:
     """One evaluation as a record: its saved scores, and every health measure of every
     sample (against ``base_thumbs``, the run's first evaluation's thumbnails)."""
-    from ..common import image_health
-    from ..common.embedding_diversity import embedding_diversity
+    from ..common.health import image_health
+    from ..common.health.embedding_diversity import embedding_diversity
 
     per_prompt = record["per_prompt"]
     thumbs = image_health.thumbnails(images)
@@ -50,8 +50,8 @@ def measure_evaluation(images, record, base_thumbs, embed) -> dict:
 
 def measure_run(run: Path, embed) -> dict:
     """Every kept evaluation of ``run`` measured; ``embed(images) -> [N, D]``."""
-    from ..common import image_health
-    from ..common.config import load_config
+    from ..common.config.loading import load_config
+    from ..common.health import image_health
     from .study_sheets import kept_evaluations
 
     config = (run / "config.yaml").read_text()

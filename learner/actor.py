@@ -7,11 +7,11 @@ import time
 
 import ray
 
-from ..common.config import G2RPOConfig
-from ..common.ipc_handoff import HandoffResult
-from ..common.messages import PublishedWeights
-from ..common.weight_sync import WeightGroupMember, layout_of
-from ..common.weights import publishable, state_nbytes
+from ..common.config.run import G2RPOConfig
+from ..common.wire.ipc_handoff import HandoffResult
+from ..common.wire.messages import PublishedWeights
+from ..common.wire.weight_sync import WeightGroupMember, layout_of
+from ..common.wire.weights import publishable, state_nbytes
 
 
 @ray.remote(max_restarts=0)
@@ -65,12 +65,12 @@ class Learner(WeightGroupMember):
     def meeting_address(self) -> str:
         """Rank 0: host:port where a group meets (the learner group, the weight
         group): a free port on this node."""
-        from ..common.net import free_address
+        from ..common.cluster.net import free_address
 
         return free_address()
 
     def join(self, address: str) -> None:
-        from ..common.timeouts import collective_timeout_s
+        from ..common.cluster.timeouts import collective_timeout_s
         from .distributed import join_learner_group
 
         timeout = collective_timeout_s(self.cfg)  # scaled by what this node reads
@@ -104,14 +104,14 @@ class Learner(WeightGroupMember):
 
     def device_identity(self) -> str | None:
         """What this rank's worker compares to know they share a device (ipc_handoff)."""
-        from ..common.ipc_handoff import device_identity
+        from ..common.wire.ipc_handoff import device_identity
 
         return device_identity(self.cfg.model.device)
 
     def handoff(self, worker, peer: dict | None) -> HandoffResult:
         """Every rank: gather the current version on this rank's device and hand it to
         ``worker`` (this rank's pair) as buckets of device memory, each freed for the next
-        only after the worker copied it out (``common/ipc_handoff.py``); then step aside.
+        only after the worker copied it out (``common/wire/ipc_handoff.py``); then step aside.
         ``peer``: the worker's ``handoff_peer()`` (None: it did not answer). A rank whose
         worker is on another device, has no pipeline loaded yet (restarted) or fails
         during the handoff still gathers every tensor (the group's collectives need
@@ -119,7 +119,7 @@ class Learner(WeightGroupMember):
         object store."""
         from dataclasses import replace
 
-        from ..common.timeouts import collective_timeout_s
+        from ..common.cluster.timeouts import collective_timeout_s
         from .handoff import hand_over
 
         reason = self._cannot_hand_over(peer)
@@ -171,7 +171,7 @@ class Learner(WeightGroupMember):
             self.core.offload()
 
     def placement(self) -> dict:
-        from ..common.placement import where_am_i
+        from ..common.cluster.placement import where_am_i
 
         return where_am_i()
 

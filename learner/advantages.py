@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ..common.advantages import (
+from ..common.algorithms.advantages import (
     fuse_g2rpo_advantages,
     fuse_terminal_advantages,
     g2rpo_reward_terms,
@@ -15,9 +15,9 @@ from ..common.advantages import (
     subtree_means,
     tree_depth_advantages,
 )
-from ..common.config import G2RPOConfig
-from ..common.config_algorithm import FORWARD_PROCESS
-from ..common.rollout_plan import RolloutPlan
+from ..common.algorithms.rollout_plan import RolloutPlan
+from ..common.config.algorithm import FORWARD_PROCESS
+from ..common.config.run import G2RPOConfig
 
 
 def plan_advantages(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.trajectories import Trajectories, Transitions, adv_slot_offsets
+from ..common.wire.trajectories import Trajectories, Transitions, adv_slot_offsets
 
 # the sample tensors: gigabytes in a real iteration, kept where they arrived
 _STACKED = ("states", "next_samples", "old_means")
@@ -15,7 +15,7 @@ class RowStack:
     indexing with row numbers gathers just those rows. A learner rank recomputes a
     few states at a time, so concatenating every worker's batch would only make a
     private copy of the whole iteration (the batches themselves are views of Ray's
-    shared object store: ``common/shared_tensors.py``)."""
+    shared object store: ``common/wire/shared_tensors.py``)."""
 
     def __init__(self, parts: list[torch.Tensor]) -> None:
         tail = {tuple(p.shape[1:]) for p in parts}

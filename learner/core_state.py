@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from ..common.errors import RunDirError
-from ..common.families import family_class
-from ..common.lora import load_adapter_state
+from ..common.families.lora import load_adapter_state
+from ..common.families.registry import family_class
 from .checkpoints import (
     full_weights,
     is_sharded_checkpoint,
@@ -98,7 +98,7 @@ class SavedState:
         (``FluxPipeline.load_lora_weights``) or ``transformer/`` (``from_pretrained``).
         Every rank calls; rank 0 writes."""
         self.resident()
-        from ..common.lora import save_lora_weights
+        from ..common.families.lora import save_lora_weights
 
         full = full_weights(self.transformer) if self.sharded else None
         if self.share.rank != 0:

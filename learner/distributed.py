@@ -18,8 +18,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..common.net import pin_to_ray_node
-from ..common.weight_sync import backend_for, use_device
+from ..common.cluster.net import pin_to_ray_node
+from ..common.wire.weight_sync import backend_for, use_device
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..common.seeds import seed_for
-from ..common.trajectories import Trajectories
+from ..common.algorithms.seeds import seed_for
+from ..common.wire.trajectories import Trajectories
 from .batches import merge
 from .nft import (
     OldPolicy,

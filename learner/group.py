@@ -14,8 +14,8 @@ import re
 
 import ray
 
-from ..common.config import G2RPOConfig
-from ..common.messages import PublishedWeights
+from ..common.config.run import G2RPOConfig
+from ..common.wire.messages import PublishedWeights
 from .actor import Learner
 from .trainer import sharded_learner, uses_process_group
 

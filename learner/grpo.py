@@ -25,17 +25,17 @@ from functools import partial
 
 import torch
 
-from ..common.ppo import clipped_surrogate, guard_log_ratio, kl_to_reference
-from ..common.schedules import SamplingGrid
-from ..common.sde import (
+from ..common.algorithms.ppo import clipped_surrogate, guard_log_ratio, kl_to_reference
+from ..common.algorithms.schedules import SamplingGrid
+from ..common.algorithms.sde import (
     SDEType,
     diffusion_coefficient,
     gaussian_log_prob,
     step_coefficients,
     transition_mean,
 )
-from ..common.trajectories import Transitions
-from ..common.transformer_call import naming_backend
+from ..common.families.transformer_call import naming_backend
+from ..common.wire.trajectories import Transitions
 from ..rollout_worker.engine import VelocityModel
 from .distributed import SINGLE, RankShare, gather_objects, sum_gradients, total_norm
 from .replay import Replay, StepMode, optimizer_groups, replay_chunks

@@ -1,4 +1,4 @@
-"""A learner rank's side of the colocated handoff (``common/ipc_handoff.py``): the
+"""A learner rank's side of the colocated handoff (``common/wire/ipc_handoff.py``): the
 version gathered tensor by tensor on this rank's device and packed into the bucket its
 rollout worker maps. In an FSDP group every rank gathers every tensor (``full_tensor``
 is a collective) and each hands its own worker the whole version: every worker needs
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from ..common.ipc_handoff import BUCKET_BYTES, BucketMessage, BucketSender, HandoffResult
+from ..common.wire.ipc_handoff import BUCKET_BYTES, BucketMessage, BucketSender, HandoffResult
 from .checkpoints import gathered_tensors
 
 

@@ -24,8 +24,8 @@ from contextlib import contextmanager
 
 import torch
 
-from ..common.schedules import SamplingGrid
-from ..common.sde import x0_prediction
+from ..common.algorithms.schedules import SamplingGrid
+from ..common.algorithms.sde import x0_prediction
 from .distributed import SINGLE, RankShare, gather_objects, sum_gradients, total_norm
 
 OldDecay = str  # "linear_to_0_5" | "delayed_linear_to_0_999" | "linear_to_0_3" | "copy"

@@ -11,8 +11,8 @@ from typing import Any, Protocol
 
 import torch
 
-from ..common.config import G2RPOConfig
-from ..common.trajectories import Trajectories
+from ..common.config.run import G2RPOConfig
+from ..common.wire.trajectories import Trajectories
 from .distributed import RankShare
 from .grpo import StepSpec
 
@@ -23,7 +23,7 @@ class LearnerParts:
     ``iteration``: the iteration being learned (seeds and schedules key on it)."""
 
     cfg: G2RPOConfig
-    velocity: Any  # common.flux.FluxVelocity over the trained transformer
+    velocity: Any  # common.families.flux.FluxVelocity over the trained transformer
     trainable: list[torch.nn.Parameter]
     optimizer: torch.optim.Optimizer
     spec: StepSpec

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..common.config_algorithm import OptimConfig
+from ..common.config.algorithm import OptimConfig
 
 
 def adamw_kernel(optim: OptimConfig, device: str) -> str:

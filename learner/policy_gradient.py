@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ..common.advantages import advantage_shares
-from ..common.trajectories import Trajectories
+from ..common.algorithms.advantages import advantage_shares
+from ..common.wire.trajectories import Trajectories
 from .advantages import plan_reward_terms
 from .batches import merge
 from .grpo import grpo_update

@@ -22,7 +22,7 @@ from typing import Literal
 
 import torch
 
-from ..common.trajectories import Transitions
+from ..common.wire.trajectories import Transitions
 from .distributed import RankShare
 
 StepMode = Literal["per_sde_step", "accumulate", "per_samples"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..common.shared_tensors import from_wire
-from ..common.weights import publishable
+from ..common.wire.shared_tensors import from_wire
+from ..common.wire.weights import publishable
 
 if TYPE_CHECKING:
     import ray

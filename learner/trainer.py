@@ -8,17 +8,9 @@ from pathlib import Path
 
 import torch
 
-from ..common.config import G2RPOConfig
-from ..common.config_algorithm import FORWARD_PROCESS
-from ..common.errors import ConfigError
-from ..common.families import config_sampling_grid, family_class
-from ..common.flux_pipeline import latent_size
-from ..common.loaders import resolve_local_dir
-from ..common.lora import BaseModelVelocity, adapter_state, attach_lora
-from ..common.paths import resolve_path
-from ..common.sde import noise_step_weights
-from ..common.seeds import seed_for
-from ..common.time_sharing import (
+from ..common.algorithms.sde import noise_step_weights
+from ..common.algorithms.seeds import seed_for
+from ..common.cluster.time_sharing import (
     HOST,
     LEARNER_PARTS,
     DeviceTurn,
@@ -27,9 +19,17 @@ from ..common.time_sharing import (
     move_optimizer_state,
     synchronize,
 )
-from ..common.trajectories import Trajectories
-from ..common.transformer_call import checkpointing_func
-from ..common.weights import weights_checksum
+from ..common.config.algorithm import FORWARD_PROCESS
+from ..common.config.run import G2RPOConfig
+from ..common.errors import ConfigError
+from ..common.families.flux_pipeline import latent_size
+from ..common.families.loaders import resolve_local_dir
+from ..common.families.lora import BaseModelVelocity, adapter_state, attach_lora
+from ..common.families.registry import config_sampling_grid, family_class
+from ..common.families.transformer_call import checkpointing_func
+from ..common.paths import resolve_path
+from ..common.wire.trajectories import Trajectories
+from ..common.wire.weights import weights_checksum
 from .advantages import plan_advantages
 from .checkpoints import full_weights, load_full_weights
 from .core_state import SavedState
@@ -131,8 +131,8 @@ def learner_outside_ray(cfg: G2RPOConfig):
     """A one-rank learner in this process, built as training builds a group's rank 0
     (``g2rpo doctor``, ``bench precision``): when the config computes through a process
     group (FSDP mixed precision) it joins a group of its own and leaves it after."""
-    from ..common.net import free_port
-    from ..common.timeouts import collective_timeout_s
+    from ..common.cluster.net import free_port
+    from ..common.cluster.timeouts import collective_timeout_s
     from .distributed import join_learner_group, leave_learner_group
 
     cfg = single_rank(cfg)

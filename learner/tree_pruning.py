@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.trajectories import Trajectories, adv_slot_offsets
+from ..common.wire.trajectories import Trajectories, adv_slot_offsets
 
 
 def chain_of_slot(batches: list[Trajectories], last_split: int) -> dict[int, int]:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import ray
 
-from ..common.config import G2RPOConfig
+from ..common.cluster.ray_init import init_ray
+from ..common.cluster.timeouts import collective_timeout_s, worker_start_timeout_s
+from ..common.config.run import G2RPOConfig
 from ..common.errors import RunFailed
-from ..common.ray_init import init_ray
-from ..common.timeouts import collective_timeout_s, worker_start_timeout_s
 from ..learner.actor import Learner
 from ..learner.group import LearnerGroup
 from ..reward_server.replicas import RewardSource
@@ -120,7 +120,7 @@ def start_ray(cfg: G2RPOConfig, redis_url: str | None) -> None:
         return
     # Ray's INFO lines (started, connecting, connected) are not the run's output; on a
     # local Ray the actors' output would interleave with the progress bar (a cluster's
-    # job shows it, train.actor_logs: common/ray_init.py)
+    # job shows it, train.actor_logs: common/cluster/ray_init.py)
     init_ray(
         actor_logs=cfg.train.actor_logs,
         **local_cluster_resources(cfg, redis_url),
@@ -242,7 +242,7 @@ def wait_started(starting: list, learner: LearnerGroup, cfg: G2RPOConfig) -> Non
         raise RunFailed(
             f"{len(refs) - len(ready)} of {len(refs)} actors did not load their models "
             f"within {limit:.0f} s ({', '.join(late)}; None scales with the weights' size "
-            "on disk: common/timeouts.py)"
+            "on disk: common/cluster/timeouts.py)"
         )
     ray.get(refs)  # raise the first actor's own error, if one failed
 
@@ -273,7 +273,7 @@ def call_with_restart(
                 raise RunFailed(
                     f"an actor Ray restarted did not load its pipeline again within "
                     f"train.workers.start_timeout_s={restart_s:.0f} s (None scales it with "
-                    "the pipeline's size on disk: common/timeouts.py)"
+                    "the pipeline's size on disk: common/cluster/timeouts.py)"
                 ) from None
             return ray.get(make_call(actor), timeout=timeout)
         except ray.exceptions.ActorUnavailableError:

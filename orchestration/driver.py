@@ -20,10 +20,10 @@ from pathlib import Path
 import ray
 from tqdm.auto import tqdm
 
-from ..common.config import G2RPOConfig
-from ..common.guard import Guard
-from ..common.prompts import prompts_for, read_prompts
-from ..common.timeouts import worker_start_timeout_s
+from ..common.cluster.timeouts import worker_start_timeout_s
+from ..common.config.run import G2RPOConfig
+from ..common.health.guard import Guard
+from ..common.prompts.prompts import prompts_for, read_prompts
 from ..planning.check import refuse_misfit
 from ..run_directory.files import checkpoint_to_resume, read_metrics
 from ..run_directory.healthy import note_guard_reading

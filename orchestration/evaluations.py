@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import ray
 
-from ..common.messages import EvalSamples
+from ..common.wire.messages import EvalSamples
 from ..run_directory.files import grid_samples
 from .cluster import call_with_restart
 
@@ -135,7 +135,7 @@ def _against_first(thumbs: np.ndarray, first: dict | None, per_prompt: int) -> d
     """The thumbnail measures against the run's first evaluation; the distances left out
     when that evaluation has no thumbnails (a run begun before they were kept) or other
     samples (``train.eval`` changed on a resume), where they would read as 0."""
-    from ..common import image_health
+    from ..common.health import image_health
 
     if first is None:  # the first evaluation: its own base
         return image_health.against_base(thumbs, None, per_prompt)
@@ -152,9 +152,9 @@ def record_evaluation(run_dir, pending: PendingEval, samples, prompts, per_promp
     returns (the record, its row entries: means, the paired change since ``first``, the
     run's first evaluation, and the trained-vs-held-out drift of the ``trained`` rewards,
     {name: weight})."""
-    from ..common import image_health
-    from ..common.embedding_diversity import NAME as DIVERSITY_EMBED
-    from ..common.embedding_diversity import embedding_diversity
+    from ..common.health import image_health
+    from ..common.health.embedding_diversity import NAME as DIVERSITY_EMBED
+    from ..common.health.embedding_diversity import embedding_diversity
     from ..evaluation.metrics import pass_from_scores
     from ..run_directory.eval_rows import HEALTH, drift_entries, eval_row
     from ..run_directory.files import save_evaluation, write_sample_grid

@@ -8,8 +8,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..common.config import G2RPOConfig, dump_config, load_config
-from ..common.config_diff import config_differences
+from ..common.config.diff import config_differences
+from ..common.config.loading import dump_config, load_config
+from ..common.config.run import G2RPOConfig
 from ..common.errors import ConfigError, RunDirError
 from ..run_directory.files import (
     CKPT,

@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..common.cluster.net import free_port
 from ..common.errors import RunFailed
-from ..common.net import free_port
 
 # Ray's agents and servers each take a port; a second Ray on the machine (the user's,
 # a test session's) holds the defaults, so every one is chosen free here

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import ray
 
-from ..common.config import G2RPOConfig
+from ..common.config.run import G2RPOConfig
 from ..common.errors import G2RPOError
 
 # while actors wait for room, say what waits this often (a run on a small cluster had

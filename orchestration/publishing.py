@@ -8,7 +8,7 @@
   (a worker died in it) falls back to the object store for that version.
 
 * colocated pairs (``train.placement: colocated``): learner rank i hands the version to
-  rollout worker i inside their GPU (``common/ipc_handoff.py``: buckets of device memory
+  rollout worker i inside their GPU (``common/wire/ipc_handoff.py``: buckets of device memory
   the worker maps through CUDA IPC handles, and copies into its transformer), every rank
   gathering it; none of its bytes pass through host memory or the object store. A pair
   that cannot (the worker on another device, restarted without its pipeline, failed in
@@ -27,7 +27,7 @@ import uuid
 
 import ray
 
-from ..common.messages import PublishedWeights, WeightsLoaded
+from ..common.wire.messages import PublishedWeights, WeightsLoaded
 from .cluster import RunActors, get_or_redo
 
 
@@ -273,7 +273,7 @@ class IpcPublisher:
 
 
 def publisher_for(actors: RunActors, cfg):
-    from ..common.timeouts import worker_start_timeout_s
+    from ..common.cluster.timeouts import worker_start_timeout_s
 
     t, restart_s = cfg.train, worker_start_timeout_s(cfg)
     if t.placement == "colocated" and cfg.model.lora is None:

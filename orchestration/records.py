@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.config import G2RPOConfig
+from ..common.config.run import G2RPOConfig
 
 
 def summarise_batches(batches, stats: dict) -> dict:

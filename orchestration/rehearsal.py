@@ -28,7 +28,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..common.config import G2RPOConfig, dump_config, load_config
+from ..common.config.loading import dump_config, load_config
+from ..common.config.run import G2RPOConfig
 
 # the phase each hook point starts (TrainingLoop.at), and the field a failure in a
 # phase points at when its message names none

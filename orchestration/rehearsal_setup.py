@@ -34,7 +34,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..common.config import G2RPOConfig
+from ..common.config.run import G2RPOConfig
 from ..common.errors import UsageError
 from ..common.paths import DEFAULT_WORLD
 from ..reward_server.replicas import scorer_specs
@@ -244,7 +244,7 @@ def rehearsal_pipeline(out: Path, archs: dict[str, dict], blocks: int = 0, seed:
 def write_prompts(cfg: G2RPOConfig, root: Path) -> None:
     """Prompt files where the recipe's are not here: the shapes world's prompts, as
     many as the recipe reads (its evaluation's samples are its request sizes)."""
-    from ..common.shapes import all_combinations
+    from ..common.prompts.shapes import all_combinations
 
     prompts = [s.prompt for s in all_combinations()]
     data = root / "shared" / "data"

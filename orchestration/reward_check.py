@@ -13,8 +13,8 @@ import time
 
 import httpx
 
+from ..common.cluster.redis_access import RedisPassword, connect_redis
 from ..common.errors import RunFailed
-from ..common.redis_access import RedisPassword, connect_redis
 from ..reward_server.tls import client_verify, untrusted_server, unverified_certificate
 
 WAIT_S = 60.0  # replicas registering a little after the run starts

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from ..common.cluster.redis_access import RedisPassword, connect_redis
 from ..common.errors import RunDirError, UsageError
-from ..common.redis_access import RedisPassword, connect_redis
 
 STATUS_KEY = "g2rpo:runs:{name}"
 STREAM_KEY = "g2rpo:runs:{name}:metrics"
@@ -41,7 +41,7 @@ class TrainingExporter:
         )
         self.health = Gauge(
             "g2rpo_train_eval_health",
-            "Image-health measure of the held-out samples (common/image_health.py)",
+            "Image-health measure of the held-out samples (common/health/image_health.py)",
             ["measure"],
             registry=r,
         )

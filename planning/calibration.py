@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..common.flops import BF16_PEAK_TFLOPS
+from ..common.algorithms.flops import BF16_PEAK_TFLOPS
 
 SHIPPED = "calibration.json"  # in planning/presets/
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from ..common.config import ConfigError, G2RPOConfig
+from ..common.config.run import G2RPOConfig
+from ..common.errors import ConfigError
 from .estimate import GiB, Plan, plan
 from .remedies import GPU_FIELDS, remedies
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..common.config import G2RPOConfig
+from ..common.config.run import G2RPOConfig
 from .workload import Workload, dtype_bytes
 
 LINKS = ("nvlink", "ib", "tcp")

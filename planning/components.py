@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from ..common.config import G2RPOConfig
+from ..common.config.run import G2RPOConfig
+from ..common.families.velocity import uses_cfg
 from ..common.paths import resolve_path
-from ..common.velocity import uses_cfg
 from .presets import (
     FAMILY_COMPONENTS,
     PRESET_FAMILY,
@@ -40,7 +40,7 @@ def architecture(cfg: G2RPOConfig) -> tuple[dict[str, dict], str]:
         root = Path(resolve_path(cfg.model.pretrained))
         kind = "flux"  # component configs alone (no model_index.json) are read as FLUX's
         if (root / "model_index.json").is_file():
-            from ..common.families import family_of
+            from ..common.families.registry import family_of
 
             kind = family_of(root)
         names = FAMILY_COMPONENTS[kind]
@@ -107,8 +107,8 @@ def parameter_counts(component: str, config: dict, lora: dict | None = None) -> 
             (sum(p.numel() for p in b.parameters()) for b in blocks), default=0
         )
         if lora is not None:
-            from ..common.config import LoraOptions
-            from ..common.lora import add_lora
+            from ..common.config.model import LoraOptions
+            from ..common.families.lora import add_lora
 
             add_lora(module, LoraOptions(**lora), 0)
             out["adapters"] = sum(p.numel() for p in module.parameters()) - out["total"]

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..common.config import G2RPOConfig
-from ..common.flops import count_flops, peak_tflops, update_flops, utilisation
+from ..common.algorithms.flops import count_flops, peak_tflops, update_flops, utilisation
+from ..common.config.run import G2RPOConfig
 from .doctor_fields import field_of
 from .doctor_report import DoctorReport, PhaseResult
 
@@ -159,7 +159,7 @@ class Doctor:
                 self.learner = self._learner()
         with self.phase("publish", needs=("rollout worker", "learner")) as r:
             if r is not None:
-                from ..common.weights import state_nbytes
+                from ..common.wire.weights import state_nbytes
 
                 version, state, checksum = self.learner.weights()
                 self.worker.load_weights(version, state, checksum)
@@ -204,7 +204,7 @@ class Doctor:
         return self._cores.enter_context(learner_outside_ray(self.cfg))
 
     def _prompts(self, source: str, field: str, n: int) -> list[str]:
-        from ..common.prompts import read_prompts
+        from ..common.prompts.prompts import read_prompts
 
         prompts = read_prompts(source, field)
         if not prompts:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 
-from ..common.config import G2RPOConfig
+from ..common.config.run import G2RPOConfig
 from .calibration import Rate
 from .doctor_report import DoctorReport
 

@@ -7,7 +7,7 @@ device, which no CPU run can do (``DeviceTurn`` moves nothing on the CPU).
 - ``handoff``: as a colocated rank publishes (``learner/handoff.py``): the moments to the
   host where ``train.offload.learner`` sends them, the new version gathered on the device
   bucket by bucket and copied into the worker's transformer, which comes back onto the
-  device for it, checked by its device checksum (``common/ipc_handoff.py``); then the rank
+  device for it, checked by its device checksum (``common/wire/ipc_handoff.py``); then the rank
   steps aside: what ``train.offload.learner`` sends to the host (all: fp32 shards,
   gradients, AdamW moments, fused on CUDA, any KL reference), nothing of it left on the
   device. One process here, so each bucket is handed over as itself, not through a CUDA
@@ -27,8 +27,8 @@ import time
 import numpy as np
 import torch
 
-from ..common.process_memory import read_status
-from ..common.time_sharing import device_bytes
+from ..common.cluster.process_memory import read_status
+from ..common.cluster.time_sharing import device_bytes
 
 GiB = 2**30
 

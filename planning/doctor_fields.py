@@ -9,7 +9,7 @@ import re
 import torch
 from pydantic import BaseModel
 
-from ..common.config import G2RPOConfig
+from ..common.config.run import G2RPOConfig
 
 # the field to look at when a phase fails (an out-of-memory names the memory fields)
 PHASE_FIELDS = {

@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..common.config import G2RPOConfig
+from ..common.config.run import G2RPOConfig
 from .host_nodes import NodeHost, host_plan, node_label
 
 GiB = 2**30

@@ -1,6 +1,6 @@
 """The doctor's ``host copy`` phase: this node's host<->device copy rate, both
 directions, from pinned host memory (what the colocated pair's offload moves through:
-``common/time_sharing.HostMirror``) and from pageable memory (what a plain ``.to`` or
+``common/cluster/time_sharing.HostMirror``) and from pageable memory (what a plain ``.to`` or
 ``.cpu()`` copies through), as calibration rows (``host_copy_gbps``, the rate the time
 estimate divides the offloads' bytes by). It runs where there is a device beside the
 host (on the CPU there is no such copy)."""

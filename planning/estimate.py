@@ -17,8 +17,8 @@ from functools import lru_cache
 
 import torch
 
-from ..common.config import G2RPOConfig
-from ..common.flux_pipeline import latent_size
+from ..common.config.run import G2RPOConfig
+from ..common.families.flux_pipeline import latent_size
 from .components import (
     architecture,
     family,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.flops import count_cpu_attention
+from ..common.algorithms.flops import count_cpu_attention
 from . import trace
 from .trace import (
     build_at,

@@ -13,7 +13,7 @@ rollout worker, evaluator (``rollout_worker/worker.py``)
   rollout  its decoded images (uint8, scored from the host) and its trajectory batch,
            copied to the host before Ray puts it (``RolloutWorkerCore.trajectories``).
   publish  nothing private: the version is read in place from the node's object store
-           (``common/weights.load_published``; ``g2rpo bench weights-memory``).
+           (``common/wire/weights.load_published``; ``g2rpo bench weights-memory``).
   colocated: its transformer waits on the host from the end of its rollout (``offload``)
            to its next one: publish, learn, checkpoint, export.
 learner rank (``learner/trainer.py``, ``learner/actor.py``)
@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..common.config import G2RPOConfig
-from ..common.config_algorithm import FORWARD_PROCESS
+from ..common.config.algorithm import FORWARD_PROCESS
+from ..common.config.run import G2RPOConfig
 from ..learner.staged_versions import versions_kept
 from .estimate import (
     _BYTES,

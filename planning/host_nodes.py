@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..common.config import G2RPOConfig
+from ..common.config.run import G2RPOConfig
 from ..common.errors import ConfigError
 from ..learner.staged_versions import versions_kept
 from .estimate import architecture, plan

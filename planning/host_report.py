@@ -3,7 +3,7 @@ store and /dev/shm (``host_nodes.py``), as data (``--json``) and as a table."""
 
 from __future__ import annotations
 
-from ..common.config import G2RPOConfig
+from ..common.config.run import G2RPOConfig
 from .host_memory import PHASES, PROCESS_BYTES
 from .host_nodes import (
     NCCL_SHM_BYTES,

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from ..common.config import ConfigError, G2RPOConfig, apply_override, config_from_dict
+from ..common.config.loading import apply_override, config_from_dict
+from ..common.config.run import G2RPOConfig
+from ..common.errors import ConfigError
 from .calibration import Calibration
 from .estimate import plan
 from .timing import estimate_time

@@ -8,7 +8,7 @@ A pair's GPU holds, moment by moment (``PairMemory``, in bytes, from ``plan(cfg)
   weights and AdamW moments; optimizer: its weights; all: nothing);
 * the update: the learner's peak + what the worker keeps while idle (none: its
   transformer and its residue, the text encoders and VAE; all: the residue);
-* the handoff (``common/ipc_handoff.py``): the learner's weights (it gathers) and its
+* the handoff (``common/wire/ipc_handoff.py``): the learner's weights (it gathers) and its
   moments unless they went to the host first, the worker's transformer (it receives on
   the device) and residue, and one bucket;
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..common.config import G2RPOConfig
-from ..common.ipc_handoff import BUCKET_BYTES
+from ..common.config.run import G2RPOConfig
+from ..common.wire.ipc_handoff import BUCKET_BYTES
 
 GiB = 2**30
 # two processes' CUDA contexts and the learner group's NCCL buffers: the review of the

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..common.config import ConfigError, G2RPOConfig, config_from_dict
+from ..common.config.loading import config_from_dict
+from ..common.config.run import G2RPOConfig
+from ..common.errors import ConfigError
 from .estimate import plan
 
 # each actor kind's GPU field (a CUDA config that gives one of them no GPU is refused

@@ -45,7 +45,7 @@ def trace_shipped_plans(progress: bool = True) -> list[dict]:
     """Trace every shipped plan now; returns the table's entries, sorted by key."""
     from tqdm.auto import tqdm
 
-    from ..common.config import load_config
+    from ..common.config.loading import load_config
     from . import trace
     from .calibration import calibration
     from .check import report

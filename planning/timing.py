@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..common.config import G2RPOConfig
+from ..common.config.run import G2RPOConfig
 from .calibration import Calibration, Looked, model_key
 from .communication import RATE, exposed_seconds, learner_traffic
 from .estimate import _latent_hw, architecture, gpus_asked, guided, parameter_counts
@@ -193,7 +193,7 @@ def estimate_time(
     phases["reward"] = reward
 
     # learn: the group's forwards (and backwards), split over the ranks
-    from ..common.flops import update_flops
+    from ..common.algorithms.flops import update_flops
     from ..learner.trainer import sharded_learner
 
     ranks = t.learner.count

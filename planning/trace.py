@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from ..common.flux import FluxVelocity
+from ..common.families.flux import FluxVelocity
 from .presets import transformer_family
 
 CACHE_VERSION = 2  # 2: each cache file holds its key text beside the result
@@ -162,16 +162,16 @@ def velocity_of(model, config: dict, latent_hw, autocast_dtype, guided: bool = F
     (SD3 with classifier-free guidance runs the empty prompt's rows beside each)."""
     family = transformer_family(config)
     if family == "sd3":
-        from ..common.sd3_pipeline import SD3Components, SD3Velocity
+        from ..common.families.sd3_pipeline import SD3Components, SD3Velocity
 
         scale = SD3Components.SAMPLING["guidance"] if guided else 1.0
         return SD3Velocity(model, scale, autocast_dtype)
     if family == "qwenimage":
-        from ..common.qwenimage_pipeline import QwenImageComponents, QwenImageVelocity
+        from ..common.families.qwenimage_pipeline import QwenImageComponents, QwenImageVelocity
 
         scale = QwenImageComponents.SAMPLING["guidance"] if guided else 1.0
         return QwenImageVelocity(model, *latent_hw, scale, autocast_dtype)
-    from ..common.flux_pipeline import FluxComponents
+    from ..common.families.flux_pipeline import FluxComponents
 
     guidance = FluxComponents.SAMPLING["guidance"]  # an input of the model, not CFG
     return FluxVelocity(model, *latent_hw, guidance=guidance, autocast_dtype=autocast_dtype)
@@ -180,7 +180,7 @@ def velocity_of(model, config: dict, latent_hw, autocast_dtype, guided: bool = F
 def guided_cond(cond: dict) -> dict:
     """``cond`` with the negative prompt's rows a guided call (SD3, Qwen-Image) also
     takes (both families name them ``negative_``)."""
-    from ..common.velocity import NEGATIVE
+    from ..common.families.velocity import NEGATIVE
 
     return {**cond, **{NEGATIVE + k: torch.randn_like(v) for k, v in cond.items()}}
 
@@ -208,8 +208,8 @@ def trace_transformer_once(
         with default_dtype(getattr(torch, weights_dtype)):
             model = build_at(config, depth)
         if lora is not None:
-            from ..common.config import LoraOptions
-            from ..common.lora import add_lora
+            from ..common.config.model import LoraOptions
+            from ..common.families.lora import add_lora
 
             add_lora(model, LoraOptions(**lora), 0)
         if not train:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..common.config import G2RPOConfig
-from ..common.rollout_plan import RolloutPlan, tree_nfe
+from ..common.algorithms.rollout_plan import RolloutPlan, tree_nfe
+from ..common.config.run import G2RPOConfig
 from ..rollout_worker.plan import FORWARD_PROCESS, plan_for
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -31,8 +31,8 @@ import time
 import httpx
 import numpy as np
 
+from ..common.cluster.redis_access import RedisPassword, connect_redis
 from ..common.errors import G2RPOError
-from ..common.redis_access import RedisPassword, connect_redis
 from .discovery import live_replicas
 from .request_chunks import (
     Batch,

@@ -1,7 +1,7 @@
 """Image embeddings beside the scores: a score request naming scorers in ``embed`` gets
 each one's L2-normalised image features back (``ScoreResponse.embeddings``), float16 in
 base64 (D = 512-1024: 1-2 KB an image), for measures that need to see content (an
-evaluation's ``diversity_embed``, common/embedding_diversity.py).
+evaluation's ``diversity_embed``, common/health/embedding_diversity.py).
 
 Embeddings never pass through the score cache (it holds one float per image, prompt and
 scorer version): an image is embedded each time it is asked for, on its scorer's thread

@@ -12,7 +12,7 @@ import time
 
 import httpx
 
-from ..common.net import free_port
+from ..common.cluster.net import free_port
 
 
 def g2rpo_executable() -> str:

@@ -116,7 +116,7 @@ def random_image_reward_dir(out: str | Path, seed: int = 0) -> Path:
     import torch
     from transformers import BertTokenizer
 
-    from ..common.shapes import COLOURS, SHAPES
+    from ..common.prompts.shapes import COLOURS, SHAPES
     from .convert import openclip_image_processor
     from .scorers.image_reward_model import ImageRewardConfig, ImageRewardModel
 

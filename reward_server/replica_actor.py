@@ -108,7 +108,7 @@ class RewardReplica:
         return server, thread
 
     def _start(self) -> None:
-        from ..common.net import free_port
+        from ..common.cluster.net import free_port
         from .replica_state import load_scorers, pin_threads
 
         with self._lock:
@@ -149,7 +149,7 @@ class RewardReplica:
         return os.getpid()  # the server is this process
 
     def placement(self) -> dict:
-        from ..common.placement import where_am_i
+        from ..common.cluster.placement import where_am_i
 
         return where_am_i()
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from ..common.redis_access import connect_redis
+from ..common.cluster.redis_access import connect_redis
 from .batcher import DynamicBatcher
 from .cache import MemoryCache, RedisCache
 from .discovery import ReplicaInfo, deregister, register

@@ -9,10 +9,10 @@ import secrets
 
 import ray
 
-from ..common.config import G2RPOConfig
+from ..common.cluster.redis_access import check_redis_password, redis_password
+from ..common.config.run import G2RPOConfig
 from ..common.errors import ConfigError
-from ..common.messages import RewardEndpoints
-from ..common.redis_access import check_redis_password, redis_password
+from ..common.wire.messages import RewardEndpoints
 from .replica_actor import RewardReplica
 from .security import check_token
 from .settings import mib_bytes

@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..common.cluster.redis_access import RedisPassword, check_redis_password
 from ..common.errors import UsageError
-from ..common.redis_access import RedisPassword, check_redis_password
 from .security import HOW_TO_MAKE, check_token, token_problem
 from .tls import check_server_tls
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import ray
 
-from ..common.config import G2RPOConfig
-from ..common.messages import EvalSamples, RewardEndpoints, WeightsLoaded
-from ..common.weight_sync import WeightGroupMember
+from ..common.config.run import G2RPOConfig
+from ..common.wire.messages import EvalSamples, RewardEndpoints, WeightsLoaded
+from ..common.wire.weight_sync import WeightGroupMember
 
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
@@ -80,7 +80,7 @@ class RolloutWorker(WeightGroupMember):
         the device this worker sees (``ipc_handoff.device_identity``) and whether its
         pipeline is loaded (a restarted worker loads from the object store instead of
         keeping the learner group waiting while it loads)."""
-        from ..common.ipc_handoff import device_identity
+        from ..common.wire.ipc_handoff import device_identity
 
         return {"device": device_identity(self.cfg.model.device), "built": self._core is not None}
 
@@ -127,7 +127,7 @@ class RolloutWorker(WeightGroupMember):
     def placement(self) -> dict:
         """Where it runs, and the SDPA kernels its rollout uses (with their timings when
         ``model.rollout_attention_backend: fastest`` measured them at the first call)."""
-        from ..common.placement import where_am_i
+        from ..common.cluster.placement import where_am_i
 
         info = where_am_i()
         if self._core is not None:

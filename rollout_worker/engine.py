@@ -18,10 +18,10 @@ from typing import Literal, Protocol
 import torch
 from tqdm.auto import tqdm
 
-from ..common.rollout_plan import Edge, RolloutPlan
-from ..common.schedules import SamplingGrid
-from ..common.sde import gaussian_log_prob, step_coefficients, transition_mean
-from ..common.trajectories import Transitions
+from ..common.algorithms.rollout_plan import Edge, RolloutPlan
+from ..common.algorithms.schedules import SamplingGrid
+from ..common.algorithms.sde import gaussian_log_prob, step_coefficients, transition_mean
+from ..common.wire.trajectories import Transitions
 
 Execution = Literal["batched", "reference"]
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 import torch
 
-from ..common.rollout_plan import Edge, Leaf, RolloutPlan, anchor_edges
+from ..common.algorithms.rollout_plan import Edge, Leaf, RolloutPlan, anchor_edges
 
 
 def nft_plan(num_prompts: int, num_steps: int, group_size: int) -> RolloutPlan:

@@ -1,5 +1,5 @@
 """Rollout plan builders: which trajectories each algorithm samples, as paths through
-the σ grid (the plan itself: ``common/rollout_plan.py``).
+the σ grid (the plan itself: ``common/algorithms/rollout_plan.py``).
 
 A plan is a list of leaves; each leaf is one trajectory from an initial noise (its
 root) to σ=0, given as edges (target grid index, ODE or SDE with a noise row).
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from ..common.config_algorithm import FORWARD_PROCESS
-from ..common.rollout_plan import Edge, Leaf, RolloutPlan, anchor_edges, eval_anchors
-from ..common.schedules import Terminal, completion_indices
+from ..common.algorithms.rollout_plan import Edge, Leaf, RolloutPlan, anchor_edges, eval_anchors
+from ..common.algorithms.schedules import Terminal, completion_indices
+from ..common.config.algorithm import FORWARD_PROCESS
 from .member_plans import dancegrpo_plan, flowgrpo_plan, mixgrpo_plan, nft_plan
 from .step_windows import g2rpo_branch_steps, mixgrpo_window
 from .tree_plans import branchgrpo_plan, treegrpo_plan, treegrpo_start

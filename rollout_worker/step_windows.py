@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.seeds import seed_for
+from ..common.algorithms.seeds import seed_for
 
 # seed_for's stream of G²RPO's per-iteration step draw (worker 0's: one draw for all)
 STEP_DRAW_STREAM = 3

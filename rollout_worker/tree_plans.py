@@ -1,13 +1,13 @@
 """Tree-shaped rollout plans: BranchGRPO's binary tree with SDE on every edge and
 TreeGRPO's ODE trunk with a window of binary SDE splits (``rollout_worker/plan.py`` and
 ``rollout_worker/member_plans.py`` have the other methods' builders; the plan itself is
-``common/rollout_plan.py``).
+``common/algorithms/rollout_plan.py``).
 A tree's node below the root has one advantage slot, p·N + node (N nodes per tree);
 ``learner/advantages.py`` turns leaf rewards into the nodes' advantages."""
 
 from __future__ import annotations
 
-from ..common.rollout_plan import Edge, Leaf, RolloutPlan, eval_anchors
+from ..common.algorithms.rollout_plan import Edge, Leaf, RolloutPlan, eval_anchors
 
 
 def branchgrpo_plan(

@@ -8,16 +8,9 @@ import time
 import numpy as np
 import torch
 
-from ..common import image_health
-from ..common.config import G2RPOConfig
-from ..common.errors import ConfigError
-from ..common.families import PipelineComponents, config_sampling_grid, family_class
-from ..common.lora import attach_lora
-from ..common.messages import EvalSamples, RewardEndpoints, WeightsLoaded
-from ..common.paths import resolve_path
-from ..common.rollout_plan import RolloutPlan, algorithm_nfe
-from ..common.seeds import seed_for
-from ..common.time_sharing import (
+from ..common.algorithms.rollout_plan import RolloutPlan, algorithm_nfe
+from ..common.algorithms.seeds import seed_for
+from ..common.cluster.time_sharing import (
     HOST,
     WORKER_PARTS,
     DeviceTurn,
@@ -25,9 +18,16 @@ from ..common.time_sharing import (
     move_module,
     synchronize,
 )
-from ..common.trajectories import Trajectories
-from ..common.transformer_compile import check_placement
-from ..common.weights import load_published
+from ..common.config.run import G2RPOConfig
+from ..common.errors import ConfigError
+from ..common.families.lora import attach_lora
+from ..common.families.registry import PipelineComponents, config_sampling_grid, family_class
+from ..common.families.transformer_compile import check_placement
+from ..common.health import image_health
+from ..common.paths import resolve_path
+from ..common.wire.messages import EvalSamples, RewardEndpoints, WeightsLoaded
+from ..common.wire.trajectories import Trajectories
+from ..common.wire.weights import load_published
 from ..reward_server.client import RewardClient
 from .engine import RolloutEngine, draw_noise
 from .plan import anchor_plan, plan_for
@@ -149,11 +149,11 @@ class RolloutWorkerCore:
         return WeightsLoaded(version, checksum, time.perf_counter() - t0)
 
     def take_bucket(self, message, bucket=None) -> int:
-        """One bucket of a version handed over inside the device (``common/ipc_handoff``):
+        """One bucket of a version handed over inside the device (``common/wire/ipc_handoff``):
         copied into the transformer on the device, which comes back first if it waited
         on the host, so none of the version's bytes pass through host memory.
         ``bucket``: the sender's own, when it is this process (the doctor)."""
-        from ..common.ipc_handoff import BucketReceiver, device_identity
+        from ..common.wire.ipc_handoff import BucketReceiver, device_identity
 
         if self._receiver is None or self._receiver.version != message.version:
             self._handoff_t0 = time.perf_counter()
@@ -166,7 +166,7 @@ class RolloutWorkerCore:
     def finish_handoff(self, version: int, checksum: str) -> WeightsLoaded:
         """The handoff of ``version`` complete: what this worker holds, checked against
         the sender's device checksum."""
-        from ..common.weights import WeightMismatch
+        from ..common.wire.weights import WeightMismatch
 
         receiver, self._receiver = self._receiver, None
         if receiver is None or receiver.version != version:

@@ -15,7 +15,7 @@ HEALTH = "health/"  # the image-health measures' prefix among an evaluation's va
 def eval_row(values: dict, first: dict | None, per_prompt: int) -> dict:
     """Row entries of one evaluation: the mean of each metric and, against the run's
     first evaluation (same prompts, same noise), the paired change with its 95% CI."""
-    from ..common.stats import paired_difference, per_prompt_means
+    from ..common.algorithms.stats import paired_difference, per_prompt_means
 
     row = {f"eval/{k}": float(np.mean(v)) for k, v in values.items()}
     if first is None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..common.config import G2RPOConfig
+from ..common.config.run import G2RPOConfig
 from ..common.errors import RunDirError
 from ..learner.checkpoints import PARTIAL, SHARDED_SUFFIX, complete
 

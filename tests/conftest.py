@@ -56,7 +56,7 @@ def toy_cond(num_prompts: int, shape=(4, 3), seed: int = 1) -> dict[str, torch.T
 
 @pytest.fixture
 def tiny_flux():
-    from g2rpo.common.flux import FluxVelocity, build_tiny_flux
+    from g2rpo.common.families.flux import FluxVelocity, build_tiny_flux
 
     return FluxVelocity(build_tiny_flux("test", seed=0), 4, 4)
 

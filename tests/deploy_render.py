@@ -74,7 +74,7 @@ def _job(docs) -> dict:
 
 @functools.cache
 def _config_of(text: str, sets: tuple[str, ...]):
-    from g2rpo.common.config import config_from_dict
+    from g2rpo.common.config.loading import config_from_dict
 
     return config_from_dict(yaml.safe_load(text), list(sets))
 

@@ -6,8 +6,8 @@ import sys
 
 import ray
 import torch
-from g2rpo.common.config import load_config
-from g2rpo.common.config_train import ActorResources
+from g2rpo.common.config.actor import ActorResources
+from g2rpo.common.config.loading import load_config
 from g2rpo.learner.group import LearnerGroup
 from small_run import SMALL_RUN
 

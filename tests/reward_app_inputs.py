@@ -2,7 +2,7 @@
 six rendered shapes with their prompts, a token the server accepts, and the settings of an
 app serving shapes_oracle and jpeg_compressibility."""
 
-from g2rpo.common.shapes import all_combinations, render_batch
+from g2rpo.common.prompts.shapes import all_combinations, render_batch
 from g2rpo.reward_server.settings import ScorerSpec, ServerSettings
 
 SPECS = all_combinations()[:6]

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from g2rpo.common.net import free_port
+from g2rpo.common.cluster.net import free_port
 from g2rpo.reward_server.process import RewardServerProcess, g2rpo_executable
 
 G2RPO = g2rpo_executable()

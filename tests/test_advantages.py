@@ -1,6 +1,6 @@
 import pytest
 import torch
-from g2rpo.common.advantages import (
+from g2rpo.common.algorithms.advantages import (
     fuse_g2rpo_advantages,
     fuse_terminal_advantages,
     group_normalize,
@@ -96,7 +96,7 @@ def test_shuffle_is_a_permutation_within_each_group():
 
 
 def test_advantage_shares_are_each_rewards_part_of_the_fused_signal():
-    from g2rpo.common.advantages import advantage_shares, g2rpo_reward_terms
+    from g2rpo.common.algorithms.advantages import advantage_shares, g2rpo_reward_terms
 
     torch.manual_seed(0)
     a = torch.randn(2, 3, 2, 8)

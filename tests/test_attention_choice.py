@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_fastest_takes_the_least_time_among_kernels_that_ran():
     """Catches: a kernel that cannot run chosen; ties broken by dict order."""
-    from g2rpo.common.attention_choice import fastest
+    from g2rpo.common.families.attention_choice import fastest
 
     assert fastest({"flash": 2e-3, "efficient": None, "cudnn": 1e-3, "math": 5e-3}) == "cudnn"
     assert fastest({"math": 1e-3, "flash": 1e-3}) == "flash"  # SINGLE_KERNELS's order
@@ -27,8 +27,8 @@ def test_fastest_takes_the_least_time_among_kernels_that_ran():
 def test_fastest_is_measured_at_the_first_attention_shape_on_cpu():
     """Catches: the kernels timed at a made-up shape; a kernel that does not exist on the
     CPU (efficient, cuDNN) reported as timed; the chosen kernel not the one sampling."""
-    from g2rpo.common.attention_choice import SINGLE_KERNELS, fastest
-    from g2rpo.common.flux import FluxVelocity, build_tiny_flux
+    from g2rpo.common.families.attention_choice import SINGLE_KERNELS, fastest
+    from g2rpo.common.families.flux import FluxVelocity, build_tiny_flux
 
     model = build_tiny_flux("test", seed=0).requires_grad_(False)
     x, t, cond = torch.randn(3, 4, 64), torch.tensor([0.9, 0.5, 0.3]), flux_cond(3)
@@ -55,7 +55,7 @@ def test_fastest_is_measured_at_the_first_attention_shape_on_cpu():
 def test_worker_samples_with_its_rollout_backend_and_the_learner_keeps_its_own():
     """Catches: model.rollout_attention_backend not reaching the worker, or reaching the
     learner (whose backward must keep model.attention_backend)."""
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
     from g2rpo.learner.trainer import LearnerCore
     from g2rpo.rollout_worker.worker import RolloutWorkerCore
 

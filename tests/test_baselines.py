@@ -2,8 +2,8 @@
 
 import torch
 from conftest import ElementwiseVelocity, toy_cond
-from g2rpo.common.config import load_config
-from g2rpo.common.schedules import sampling_grid
+from g2rpo.common.algorithms.schedules import sampling_grid
+from g2rpo.common.config.loading import load_config
 from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
 from g2rpo.rollout_worker.plan import dancegrpo_plan, flowgrpo_plan, mixgrpo_plan, plan_for
 from g2rpo.rollout_worker.step_windows import mixgrpo_window
@@ -119,7 +119,7 @@ def test_plan_for_reads_the_config():
 
 
 def test_baseline_advantage_aggregation():
-    from g2rpo.common.advantages import group_normalize
+    from g2rpo.common.algorithms.advantages import group_normalize
     from g2rpo.learner.advantages import plan_advantages
 
     g = torch.Generator().manual_seed(0)

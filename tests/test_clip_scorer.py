@@ -3,7 +3,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from g2rpo.common.loaders import ModelPathError, resolve_local_dir
+from g2rpo.common.families.loaders import ModelPathError, resolve_local_dir
 from g2rpo.reward_server.random_models import random_clip_dir
 from g2rpo.reward_server.scorers.clip_score import ClipScore
 

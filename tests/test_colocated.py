@@ -8,7 +8,7 @@ import os
 import signal
 
 import pytest
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.orchestration.driver import read_metrics
 from g2rpo.orchestration.placement import learner_bundles
 from small_run import small_train, when_first_row, when_rows

@@ -8,8 +8,9 @@ Chromium."""
 import json
 
 import pytest
-from g2rpo.common.config import ConfigError, dump_config, load_config
-from g2rpo.common.rollout_plan import algorithm_nfe
+from g2rpo.common.algorithms.rollout_plan import algorithm_nfe
+from g2rpo.common.config.loading import dump_config, load_config
+from g2rpo.common.errors import ConfigError
 from g2rpo.evaluation.compare import SpecChanged, compare, evaluate_runs
 from g2rpo.evaluation.compare_spec import load_spec, plan_runs
 from g2rpo.evaluation.report import write_report

@@ -5,7 +5,7 @@ chain; every bad reference is refused naming the field. Specs are planned, not t
 from pathlib import Path
 
 import pytest
-from g2rpo.common.config import ConfigError
+from g2rpo.common.errors import ConfigError
 from g2rpo.evaluation.compare_spec import CONTROL, load_spec, plan_runs
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"

@@ -6,7 +6,8 @@ trained."""
 from pathlib import Path
 
 import pytest
-from g2rpo.common.config import ConfigError, load_config
+from g2rpo.common.config.loading import load_config
+from g2rpo.common.errors import ConfigError
 from g2rpo.evaluation.compare_spec import load_spec, plan_runs
 
 SPECS = sorted((Path(__file__).parents[1] / "configs" / "compare").glob("*.yaml"))

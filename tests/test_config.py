@@ -2,7 +2,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from g2rpo.common.config import ConfigError, G2RPOConfig, dump_config, load_config
+from g2rpo.common.config.loading import dump_config, load_config
+from g2rpo.common.config.run import G2RPOConfig
+from g2rpo.common.errors import ConfigError
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 
@@ -27,7 +29,7 @@ def test_shipped_configs_load(path):
 
 def test_the_k8s_config_map_loads():
     import yaml
-    from g2rpo.common.config import config_from_dict
+    from g2rpo.common.config.loading import config_from_dict
 
     path = Path(__file__).parents[1] / "deploy" / "k8s" / "base" / "train-config.yaml"
     text = yaml.safe_load(path.read_text())["data"]["train.yaml"]
@@ -145,7 +147,7 @@ def test_fractional_gpus_are_refused_only_where_two_ranks_of_a_group_could_share
 
 
 def test_train_is_grouped_by_what_it_governs():
-    from g2rpo.common.config_train import ActorResources
+    from g2rpo.common.config.actor import ActorResources
 
     t = load_config(None).train
     for kind in (t.workers, t.learner, t.eval, t.reward):  # one reservation model for each

@@ -1,8 +1,8 @@
 """config_differences: where a resumed run's recorded config and a comparison's run on
 disk differ from what was given (orchestration/lifecycle.py, evaluation/compare.py)."""
 
-from g2rpo.common.config import load_config
-from g2rpo.common.config_diff import config_differences
+from g2rpo.common.config.diff import config_differences
+from g2rpo.common.config.loading import load_config
 
 
 def test_differences_name_each_changed_leaf_with_both_values():

@@ -72,7 +72,7 @@ def test_the_stand_in_accelerator_refuses_what_cuda_refuses():
 
 
 def test_rollout_learner_and_evaluators_keep_their_tensors_on_their_devices():
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
     from g2rpo.learner.trainer import LearnerCore
     from g2rpo.reward_server.scorers.registry import make_scorer
     from g2rpo.rollout_worker.worker import RolloutWorkerCore
@@ -135,8 +135,8 @@ def test_colocated_time_sharing_leaves_the_waiting_side_nothing_on_the_device(me
     """train.placement colocated: while the rollout runs, the learner keeps no bytes on
     the device; while the update runs, the worker keeps none of its transformer's. The
     update and the next rollout are those of a learner and a worker that never moved."""
-    from g2rpo.common.config import load_config
-    from g2rpo.common.time_sharing import device_bytes
+    from g2rpo.common.cluster.time_sharing import device_bytes
+    from g2rpo.common.config.loading import load_config
     from g2rpo.learner.trainer import LearnerCore
     from g2rpo.reward_server.scorers.registry import make_scorer
     from g2rpo.rollout_worker.worker import RolloutWorkerCore
@@ -192,8 +192,8 @@ def test_train_offload_moves_only_what_it_names():
     weights on the device; worker none keeps the transformer resident (the turn still
     frees the device's cache); the update after brings the moments back and equals one
     that never moved. On 3bb9114 every offload moved everything (no such fields read)."""
-    from g2rpo.common.config import load_config
-    from g2rpo.common.time_sharing import device_bytes
+    from g2rpo.common.cluster.time_sharing import device_bytes
+    from g2rpo.common.config.loading import load_config
     from g2rpo.learner.trainer import LearnerCore
     from g2rpo.reward_server.scorers.registry import make_scorer
     from g2rpo.rollout_worker.worker import RolloutWorkerCore
@@ -249,8 +249,8 @@ def test_a_colocated_worker_steps_aside_only_once_its_batch_left_the_device(scor
     before its trajectories were copied off the device, so the batch's device tensors
     outlived the turn's cache release and the learner found their blocks still held.
     At the offload no more of the stand-in device may be alive than before the rollout."""
-    from g2rpo.common.config import load_config
-    from g2rpo.common.messages import RewardEndpoints
+    from g2rpo.common.config.loading import load_config
+    from g2rpo.common.wire.messages import RewardEndpoints
     from g2rpo.rollout_worker.worker import RolloutWorkerCore
 
     cfg = load_config(REPO / "configs" / "tiny.yaml", [*SMALL, "train.placement=colocated"])

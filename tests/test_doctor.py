@@ -32,7 +32,7 @@ SMALL = ["--set", "sampling.sde_steps=[0, 1]", "--set", "sampling.group_size=4"]
 
 # The doctor runs on a GPU node before Ray is there (the GPU machines we check on have
 # none): with `import ray` made to fail, it must still pass. It did not at first
-# (common/net.py imported Ray for a free port).
+# (common/cluster/net.py imported Ray for a free port).
 WITHOUT_RAY = "import sys; sys.modules['ray'] = None; from g2rpo.cli import main; sys.exit(main())"
 
 
@@ -74,7 +74,7 @@ def test_doctor_passes_every_phase_on_the_committed_world(tmp_path):
 def check_the_time_estimate(by: dict, rates: Path) -> None:
     """The plan's counts are the run's, and at the rates this run measured (its
     calibration rows) the plan's rollout is this rollout's time."""
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
     from g2rpo.planning.calibration import Calibration, read_rates, shipped_rates
     from g2rpo.planning.timing import estimate_time
     from g2rpo.planning.workload import workload
@@ -134,7 +134,7 @@ def test_doctor_names_the_failing_phase_and_field(tmp_path):
 
 
 def test_doctor_phases_keep_their_tensors_on_the_device():
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
     from g2rpo.planning.doctor import run_doctor
 
     cfg = load_config(
@@ -183,8 +183,9 @@ def test_a_one_node_check_on_cuda_gives_each_model_actor_a_gpu():
     on an H200: the committed world's actors ask Ray for no GPU, which training rightly
     refuses on CUDA. The one-node checks place nothing through Ray: each kind without a
     GPU gets one, a fraction stays (the plan shares a GPU by it), CPU is left alone."""
-    from g2rpo.common.config import ConfigError, load_config
-    from g2rpo.common.one_node import device_overrides
+    from g2rpo.common.cluster.one_node import device_overrides
+    from g2rpo.common.config.loading import load_config
+    from g2rpo.common.errors import ConfigError
 
     tiny = REPO / "configs" / "tiny.yaml"
     with pytest.raises(ConfigError, match=r"train\.workers\.num_gpus"):

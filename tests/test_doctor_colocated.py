@@ -15,7 +15,7 @@ COLOCATED = ["train.placement=colocated", "train.workers.count=1"]
 
 
 def _config(device: str):
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
 
     return load_config(
         REPO / "configs" / "tiny.yaml",

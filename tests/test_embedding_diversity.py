@@ -12,10 +12,10 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from g2rpo.common.embedding_diversity import embedding_diversity
 from g2rpo.common.errors import UsageError
-from g2rpo.common.messages import EvalSamples
-from g2rpo.common.shapes import all_combinations, render_batch
+from g2rpo.common.health.embedding_diversity import embedding_diversity
+from g2rpo.common.prompts.shapes import all_combinations, render_batch
+from g2rpo.common.wire.messages import EvalSamples
 from g2rpo.reward_server.client import RewardClient, RewardRequestError
 from g2rpo.reward_server.embeddings import embedding_scorer
 from g2rpo.reward_server.schemas import SAFETENSORS_TYPE

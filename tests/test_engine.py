@@ -3,8 +3,8 @@ import itertools
 import pytest
 import torch
 from conftest import ElementwiseVelocity, flux_cond, toy_cond
-from g2rpo.common.schedules import completion_indices, expected_g2rpo_nfe, sampling_grid
-from g2rpo.common.sde import sde_step
+from g2rpo.common.algorithms.schedules import completion_indices, expected_g2rpo_nfe, sampling_grid
+from g2rpo.common.algorithms.sde import sde_step
 from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
 from g2rpo.rollout_worker.plan import g2rpo_plan
 

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from g2rpo.common.config import load_config
-from g2rpo.common.loaders import ModelPathError
+from g2rpo.common.config.loading import load_config
+from g2rpo.common.families.loaders import ModelPathError
 from g2rpo.evaluation.eval_command import eval_command
 from g2rpo.evaluation.policy import resolve_policy
 from g2rpo.learner.trainer import LearnerCore

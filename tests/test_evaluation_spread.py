@@ -19,7 +19,7 @@ def test_slices_cover_the_evaluation_in_order(total, parts):
 
 
 def test_a_slice_samples_what_the_whole_evaluation_samples_there(world):
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
     from g2rpo.rollout_worker.worker import RolloutWorkerCore
 
     cfg = load_config(

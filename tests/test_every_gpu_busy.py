@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from g2rpo.common.config import load_config
+from g2rpo.common.algorithms.rollout_plan import tree_nfe
+from g2rpo.common.config.loading import load_config
 from g2rpo.common.errors import ConfigError
-from g2rpo.common.rollout_plan import tree_nfe
 
 REPO = Path(__file__).resolve().parents[1]
 GiB = 2**30

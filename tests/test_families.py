@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from g2rpo.common.families import family_of, load_components
+from g2rpo.common.algorithms.schedules import sampling_grid
+from g2rpo.common.families.registry import family_of, load_components
 from g2rpo.common.paths import DEFAULT_WORLD
-from g2rpo.common.schedules import sampling_grid
 from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
 from g2rpo.rollout_worker.plan import anchor_plan
 
@@ -184,7 +184,7 @@ def test_sd3_random_weights_preset_saves_a_pipeline_diffusers_loads(sd3_dir, tmp
 def test_the_sd3_rehearsal_model_keeps_the_recipes_data_sizes(tmp_path):
     # `g2rpo rehearse configs/*_sd35.yaml`: SD3.5-Medium's latent geometry and text
     # sequence (77 CLIP rows + the recipe's T5 tokens), shrunk in width and depth
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
     from g2rpo.orchestration.rehearsal_setup import rehearsal_pipeline
     from g2rpo.planning.estimate import architecture
 
@@ -203,7 +203,7 @@ def test_the_sd3_rehearsal_model_keeps_the_recipes_data_sizes(tmp_path):
 def test_sd3_rollout_worker_plan_holds_its_traced_sample(sd3_dir):
     # the plan's SD3 terms (three text encoders, the unpacked latent, the guided call on
     # two rows, CLIP's rows before T5's) against torch's MemTracker on the real worker core
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
     from g2rpo.planning.estimate import plan
     from g2rpo.rollout_worker.worker import RolloutWorkerCore
     from test_plan import SMALL, _actor, _traced_peak
@@ -257,7 +257,7 @@ def test_a_family_world_trains_and_evaluates(family, tmp_path):
 @pytest.mark.parametrize("family", ["sd3", "qwenimage"])
 def test_a_committed_family_world_draws_the_prompts_colours(family):
     # assets/shapes-world-<family> (READMEs there: every held-out colour right)
-    from g2rpo.common.shapes import split_combinations
+    from g2rpo.common.prompts.shapes import split_combinations
     from g2rpo.reward_server.scorers.shapes_oracle import ShapesOracle
     from g2rpo.world.evaluate import sample_images
 
@@ -271,7 +271,7 @@ def test_a_committed_family_world_draws_the_prompts_colours(family):
 
 
 def test_a_qwen_image_world_is_sampled_on_its_pipelines_own_grid():
-    from g2rpo.common.schedules import sampling_grid
+    from g2rpo.common.algorithms.schedules import sampling_grid
     from g2rpo.world.evaluate import world_grid
 
     qwen = load_components(DEFAULT_WORLD.parent / "shapes-world-qwenimage" / "pipeline")

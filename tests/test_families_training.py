@@ -77,7 +77,7 @@ def test_compare_runs_and_evaluates_each_family(family, warm, world, scorer_url,
     # family's own loader, guidance and σ grid
     import json
 
-    from g2rpo.common.config import dump_config, load_config
+    from g2rpo.common.config.loading import dump_config, load_config
     from g2rpo.evaluation.compare import compare
     from g2rpo.evaluation.compare_spec import load_spec
     from g2rpo.orchestration.warm_trainer import WarmTrainer

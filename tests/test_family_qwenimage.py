@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from g2rpo.common.families import family_of, load_components, pipeline_sampling_grid
-from g2rpo.common.qwenimage_pipeline import NEGATIVE_PROMPT, guided_velocity, trim_padding
+from g2rpo.common.families.qwenimage_pipeline import NEGATIVE_PROMPT, guided_velocity, trim_padding
+from g2rpo.common.families.registry import family_of, load_components, pipeline_sampling_grid
 from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
 from g2rpo.rollout_worker.plan import anchor_plan
 
@@ -171,7 +171,7 @@ def test_the_qwen_image_rehearsal_model_keeps_the_recipes_data_sizes(tmp_path):
 def test_qwen_image_rollout_worker_plan_holds_its_traced_sample(qwen_dir):
     # the plan's Qwen-Image terms (one Qwen2.5-VL encoder, packed latents, the guided call
     # on two rows, a 3-D VAE's decode) against torch's MemTracker on the real worker core
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
     from g2rpo.planning.estimate import plan
     from g2rpo.rollout_worker.worker import RolloutWorkerCore
     from test_plan import SMALL, _actor, _traced_peak

@@ -1,7 +1,7 @@
 import pytest
 import torch
 from conftest import flux_cond
-from g2rpo.common.flux import (
+from g2rpo.common.families.flux import (
     build_tiny_flux,
     count_parameters,
     latent_image_ids,
@@ -50,7 +50,7 @@ def test_bench_preset_is_big_enough():
 def test_bf16_network_runs_under_autocast_with_fp32_inputs():
     """As the official code (fp32 inputs, bf16 autocast): the network gets fp32 latents
     and timesteps; diffusers then rounds the timestep to the activations' dtype itself."""
-    from g2rpo.common.flux import FluxVelocity
+    from g2rpo.common.families.flux import FluxVelocity
 
     model = build_tiny_flux("test", dtype=torch.bfloat16)
     seen = []
@@ -65,8 +65,8 @@ def test_bf16_network_runs_under_autocast_with_fp32_inputs():
 def test_attention_backend_restricts_the_sdpa_kernels():
     """auto == math on CPU (the same attention, other kernel); a kernel the device
     lacks fails naming the config field instead of a bare torch error."""
-    from g2rpo.common.flux import FluxVelocity
-    from g2rpo.common.transformer_call import AttentionBackendError
+    from g2rpo.common.families.flux import FluxVelocity
+    from g2rpo.common.families.transformer_call import AttentionBackendError
 
     model = build_tiny_flux("test", seed=0)
     x, t, cond = torch.randn(2, 4, 64), torch.tensor([0.9, 0.3]), flux_cond(2)
@@ -81,7 +81,8 @@ def test_attention_backend_restricts_the_sdpa_kernels():
 
 
 def test_attention_backend_is_a_config_field():
-    from g2rpo.common.config import ConfigError, load_config
+    from g2rpo.common.config.loading import load_config
+    from g2rpo.common.errors import ConfigError
 
     assert load_config(None).model.attention_backend == "auto"
     with pytest.raises(ConfigError, match=r"model\.attention_backend"):
@@ -90,7 +91,7 @@ def test_attention_backend_is_a_config_field():
 
 def test_flop_counter_known_answer():
     """A linear layer costs 2·B·in·out FLOPs forward and twice that backward."""
-    from g2rpo.common.flops import count_flops, utilisation
+    from g2rpo.common.algorithms.flops import count_flops, utilisation
 
     layer = torch.nn.Linear(32, 16, bias=False)
     x = torch.randn(8, 32, requires_grad=True)
@@ -105,7 +106,7 @@ def test_update_flops_charges_a_backward_only_to_trained_forwards():
     a trained input as under LoRA), then DiffusionNFT's LoRA update on FLUX's recipe (216
     pairs, each a trained, an old and a reference forward), which the second GPU run's
     doctor had charged a full backward for all 648 (MFU 0.71 instead of 0.30)."""
-    from g2rpo.common.flops import count_flops, update_flops
+    from g2rpo.common.algorithms.flops import count_flops, update_flops
 
     layer = torch.nn.Linear(32, 16, bias=False)
     x = torch.randn(8, 32, requires_grad=True)
@@ -132,7 +133,7 @@ def test_checkpointing_func_gives_the_recompute_the_forwards_input_dtype():
     before: the learner's first update failed on an H200). Cast before the checkpoint,
     both passes get bfloat16, nested arguments (FLUX's rotary pair) included; integer
     tensors and non-tensors pass as they are."""
-    from g2rpo.common.transformer_call import checkpointing_func
+    from g2rpo.common.families.transformer_call import checkpointing_func
 
     seen = []
 

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 PARSE_ONLY = f"""#!{sys.executable}
 import sys
 from g2rpo.cli import build_parser
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 
 args = build_parser().parse_args(sys.argv[1:])
 config = getattr(args, "config", None)

@@ -1,16 +1,16 @@
-"""train.guard's rule logic on metrics rows (common/guard.py), its alarm and the healthy
+"""train.guard's rule logic on metrics rows (common/health/guard.py), its alarm and the healthy
 checkpoint it keeps (run_directory/healthy.py), rules relative to the base, the rules by
-image size (common/guard_defaults.py) and rules fitted to clean runs
+image size (common/config/guard_defaults.py) and rules fitted to clean runs
 (evaluation/guard_calibration.py, `g2rpo guard calibrate`)."""
 
 import json
 from pathlib import Path
 
 import pytest
-from g2rpo.common.config import load_config
-from g2rpo.common.config_guard import GuardConfig, GuardRule
+from g2rpo.common.config.guard import GuardConfig, GuardRule
+from g2rpo.common.config.loading import load_config
 from g2rpo.common.errors import ConfigError
-from g2rpo.common.guard import Guard
+from g2rpo.common.health.guard import Guard
 
 
 def _row(iteration=3, **changes):
@@ -263,7 +263,7 @@ def test_the_photograph_rules_are_the_photograph_check_s_thresholds_rounded_up()
     # the defaults of every GPU recipe: docs/results/hacking/photos's calibration, per size
     import math
 
-    from g2rpo.common.guard_defaults import PHOTO_THRESHOLDS, photograph_rules
+    from g2rpo.common.config.guard_defaults import PHOTO_THRESHOLDS, photograph_rules
 
     def up(x):  # to 2 significant digits, never below
         if x <= 0:
@@ -289,7 +289,7 @@ def test_every_shipped_gpu_recipe_records_what_its_guard_reads():
     # configs/flux_hps.yaml (tests/test_rehearse.py) shows the signals recorded at each
     # evaluation, every recipe's evaluation taking the same path
 
-    from g2rpo.common.image_health import AGAINST_BASE, PER_IMAGE
+    from g2rpo.common.health.image_health import AGAINST_BASE, PER_IMAGE
     from g2rpo.reward_server.scorers.registry import EMBEDDING_SCORERS
 
     recorded = {f"health/{m}" for m in (*PER_IMAGE, *AGAINST_BASE, "diversity_embed")}
@@ -313,7 +313,7 @@ def test_export_healthy_writes_the_checkpoint_healthy_json_names(tmp_path):
     # run that trained on after the alarm (g2rpo export, --checkpoint healthy)
     import torch
     from g2rpo.common.errors import ModelPathError
-    from g2rpo.common.families import family_class
+    from g2rpo.common.families.registry import family_class
     from g2rpo.evaluation.export_weights import export_checkpoint
 
     world = Path("assets/shapes-world/pipeline").resolve()

@@ -118,8 +118,8 @@ def test_an_alert_trains_on_and_keeps_the_healthy_checkpoint_to_export(
     cmd = [G2RPO, "export", str(run), "--checkpoint", "healthy", "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    from g2rpo.common.config import load_config
-    from g2rpo.common.families import family_class
+    from g2rpo.common.config.loading import load_config
+    from g2rpo.common.families.registry import family_class
 
     transformer = family_class(load_config(run / "config.yaml")).transformer_class()
     exported = transformer.from_pretrained(out / "transformer").state_dict()

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.planning.host_nodes import host_plan
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Where colocated state moves (common/time_sharing.py): into host buffers allocated at
+"""Where colocated state moves (common/cluster/time_sharing.py): into host buffers allocated at
 the first offload and reused at every later one, the module's Parameter objects kept,
 an optimizer's moments beside them, and FSDP2's padded shards moved whole, so FSDP2 keeps
 the host buffer instead of re-padding each shard into a fresh copy. The moves run here on
@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from g2rpo.common.time_sharing import HostMirror, move_module, move_optimizer_state
+from g2rpo.common.cluster.time_sharing import HostMirror, move_module, move_optimizer_state
 
 CPU = torch.device("cpu")
 
@@ -132,7 +132,7 @@ def test_fsdp2_padded_shards_move_whole_and_keep_their_host_buffer(tmp_path):
     point at the host buffer), a padded shard moved without its padding (the buffer would
     hold 2 rows on rank 1), and a shard that comes back wrong (the next step differs)."""
     import torch.multiprocessing as tmp
-    from g2rpo.common.net import free_port
+    from g2rpo.common.cluster.net import free_port
 
     port = free_port()
     tmp.spawn(

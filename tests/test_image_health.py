@@ -5,8 +5,8 @@ import math
 
 import numpy as np
 import pytest
-from g2rpo.common import image_health as H
-from g2rpo.common.shapes import parse_prompt, render_batch
+from g2rpo.common.health import image_health as H
+from g2rpo.common.prompts.shapes import parse_prompt, render_batch
 from g2rpo.evaluation.evaluate import split_prompts
 from g2rpo.run_directory.eval_rows import drift_entries, eval_row, held_out_metrics
 

@@ -1,4 +1,4 @@
-"""The colocated handoff's protocol (common/ipc_handoff.py) between two real Ray actor
+"""The colocated handoff's protocol (common/wire/ipc_handoff.py) between two real Ray actor
 processes on the CPU: the sender's buckets are shared-memory tensors reduced by torch's
 own reductions, rebuilt in the receiver's process, copied into its weights, then freed.
 What crosses Ray is counted two ways: the pickled messages, and Ray's object store's own
@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import ray
 import torch
-from g2rpo.common.ipc_handoff import (
+from g2rpo.common.wire.ipc_handoff import (
     BucketReceiver,
     BucketSender,
     digest_hex,
     digest_sums,
     tensor_digest,
 )
-from g2rpo.common.weights import WeightMismatch, publishable, weights_checksum
+from g2rpo.common.wire.weights import WeightMismatch, publishable, weights_checksum
 from ray import cloudpickle
 
 # the actors below travel to Ray's worker processes by value: this file is no module there

@@ -11,10 +11,10 @@ import signal
 import pytest
 import ray
 import torch
-from g2rpo.common.config import load_config
-from g2rpo.common.ipc_handoff import digest_hex, digest_sums
-from g2rpo.common.shared_tensors import from_wire
-from g2rpo.common.weights import publishable, weights_checksum
+from g2rpo.common.config.loading import load_config
+from g2rpo.common.wire.ipc_handoff import digest_hex, digest_sums
+from g2rpo.common.wire.shared_tensors import from_wire
+from g2rpo.common.wire.weights import publishable, weights_checksum
 from g2rpo.orchestration.cluster import RunActors
 from g2rpo.orchestration.publishing import IpcPublisher, publisher_for
 from small_run import SMALL_RUN, formed_learner_and_workers

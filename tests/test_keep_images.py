@@ -5,8 +5,8 @@ sample grid's images back when it is off."""
 from __future__ import annotations
 
 import numpy as np
-from g2rpo.common.config import load_config
-from g2rpo.common.messages import EvalSamples
+from g2rpo.common.config.loading import load_config
+from g2rpo.common.wire.messages import EvalSamples
 from g2rpo.orchestration.evaluations import returned_samples, set_images_aside
 from g2rpo.run_directory.files import grid_samples
 

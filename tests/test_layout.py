@@ -230,3 +230,89 @@ def test_the_cycle_checker_finds_a_deferred_import(tmp_path):
     graph = module_graph(tmp_path)
     assert graph["g2rpo.learner.alone"] == {"g2rpo.learner.family"}
     assert import_cycles(graph) == [["g2rpo.learner.core", "g2rpo.learner.family"]]
+
+
+# common/'s subpackages by job (issue 58): each imports only those before it here (and
+# common/errors.py, common/paths.py, the only flat modules); docs/design.md says the same.
+COMMON_ORDER = ["algorithms", "prompts", "config", "health", "families", "cluster", "wire"]
+COMMON_FLAT = {"__init__.py", "errors.py", "paths.py"}
+
+
+def common_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Each subpackage of common/ → the other subpackages its modules import ("" for the
+    flat modules)."""
+    graph: dict[str, set[str]] = {}
+    for path in _modules("common", root):
+        rel = path.relative_to(root / "common").parts
+        mine = rel[0] if len(rel) > 1 else ""
+        package = ["common", *rel[:-1]]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = base + (node.module.split(".") if node.module else [])
+            elif (node.module or "").startswith("g2rpo.common"):
+                target = node.module.split(".")[1:]
+            else:
+                continue
+            if target[:1] == ["common"]:
+                if len(target) > 1:
+                    found.add(target[1] if (root / "common" / target[1]).is_dir() else "")
+                else:  # from common import x: each x a subpackage or a flat module
+                    found |= {
+                        a.name if (root / "common" / a.name).is_dir() else "" for a in node.names
+                    }
+        graph.setdefault(mine, set()).update(found - {mine})
+    return graph
+
+
+def test_common_is_subpackages_by_job_with_only_errors_and_paths_flat():
+    flat = {p.name for p in (ROOT / "common").glob("*.py")}
+    assert flat == COMMON_FLAT, f"flat modules in common/: {sorted(flat - COMMON_FLAT)}"
+    subs = sorted(p.name for p in (ROOT / "common").iterdir() if (p / "__init__.py").is_file())
+    assert subs == sorted(COMMON_ORDER)
+    for sub in subs:  # each says what lives there and what it may import
+        doc = ast.get_docstring(ast.parse((ROOT / "common" / sub / "__init__.py").read_text()))
+        assert doc and "import" in doc.lower(), f"common/{sub}/__init__.py: no word on its layering"
+
+
+def test_common_subpackages_import_only_those_before_them():
+    graph = common_graph()
+    assert graph.get("", set()) <= {""}, f"common's flat modules import {graph['']}"
+    wrong = {}
+    for i, sub in enumerate(COMMON_ORDER):
+        allowed = {"", *COMMON_ORDER[:i]}
+        if graph.get(sub, set()) - allowed:
+            wrong[sub] = sorted(graph[sub] - allowed)
+    assert not wrong, f"common/ subpackages importing against the layering: {wrong}"
+
+
+def test_the_common_layering_checker_sees_a_climbing_import(tmp_path):
+    (tmp_path / "common" / "config").mkdir(parents=True)
+    (tmp_path / "common" / "wire").mkdir()
+    (tmp_path / "common" / "errors.py").write_text("")
+    (tmp_path / "common" / "config" / "run.py").write_text(
+        "def f():\n    from ..wire.messages import X\nfrom ..errors import E\n"
+    )
+    (tmp_path / "common" / "wire" / "messages.py").write_text(
+        "from g2rpo.common.config import run\n"
+    )
+    graph = common_graph(tmp_path)
+    assert graph == {"": set(), "config": {"wire", ""}, "wire": {"config"}}
+
+
+# Files a newcomer can read in one sitting (issue 58): none over this many lines, tests
+# included; split along a seam that names a job rather than grow past it.
+MAX_LINES = 400
+
+
+def test_no_file_is_over_the_line_limit():
+    paths = [p for f in [*FOLDERS, "tests"] for p in _modules(f)]
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in paths
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"over {MAX_LINES} lines: {long}"

@@ -3,9 +3,9 @@ import copy
 import pytest
 import torch
 from conftest import ElementwiseVelocity, flux_cond, toy_cond
-from g2rpo.common.config import load_config
-from g2rpo.common.schedules import sampling_grid
-from g2rpo.common.trajectories import Transitions
+from g2rpo.common.algorithms.schedules import sampling_grid
+from g2rpo.common.config.loading import load_config
+from g2rpo.common.wire.trajectories import Transitions
 from g2rpo.learner.advantages import plan_advantages
 from g2rpo.learner.grpo import StepSpec, grpo_update, recompute_log_probs
 from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
@@ -236,7 +236,7 @@ def test_a_sharded_checkpoint_resumes_a_parameter_that_never_had_a_gradient(tmp_
     fresh optimizer (which DCP gives state for every parameter) failed with "Missing key
     in checkpoint state_dict" (found by `g2rpo rehearse` on its one-block model). The
     resumed optimizer holds exactly the saved state, and the next step is the same."""
-    from g2rpo.common.flux import build_tiny_flux
+    from g2rpo.common.families.flux import build_tiny_flux
     from g2rpo.learner.checkpoints import load_sharded, save_sharded
 
     def step(model, optimizer, names):

@@ -12,8 +12,8 @@ import time
 import pytest
 import ray
 import torch
-from g2rpo.common.shared_tensors import from_wire
-from g2rpo.common.trajectories import Trajectories
+from g2rpo.common.wire.shared_tensors import from_wire
+from g2rpo.common.wire.trajectories import Trajectories
 from g2rpo.learner.distributed import RankShare
 from g2rpo.learner.group import LearnerGroup
 from g2rpo.learner.trainer import LearnerCore
@@ -153,7 +153,7 @@ def _checkpoint_with_a_slow_rank(learner, directory: str, delay_s: float):
     from unittest import mock
 
     import torch.distributed as dist
-    from g2rpo.common.timeouts import collective_timeout_s
+    from g2rpo.common.cluster.timeouts import collective_timeout_s
     from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 
     def late(cls, name):
@@ -254,7 +254,7 @@ def test_a_sharded_group_forms_after_rank_0_read_its_weights_however_long_that_t
 def _socket_env(learner):
     import os
 
-    from g2rpo.common.net import interface_of
+    from g2rpo.common.cluster.net import interface_of
 
     node_ip = ray.util.get_node_ip_address()
     env = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}

@@ -8,7 +8,7 @@ import sys
 import pytest
 import ray
 import torch
-from g2rpo.common.weights import weights_checksum
+from g2rpo.common.wire.weights import weights_checksum
 from g2rpo.learner.trainer import LearnerCore
 from learner_group_setup import _cfg, _max_diff, _scale_module, learner_groups
 from torch.utils._python_dispatch import TorchDispatchMode

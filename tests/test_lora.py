@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 import torch
-from g2rpo.common.config import load_config
-from g2rpo.common.trajectories import Trajectories
-from g2rpo.common.weights import WeightMismatch
+from g2rpo.common.config.loading import load_config
+from g2rpo.common.wire.trajectories import Trajectories
+from g2rpo.common.wire.weights import WeightMismatch
 from g2rpo.learner.trainer import LearnerCore
 from g2rpo.rollout_worker.plan import anchor_plan, plan_for
 from g2rpo.rollout_worker.worker import RolloutWorkerCore
@@ -93,7 +93,7 @@ def test_adapters_only_are_published_and_workers_match_the_learner(world, tmp_pa
     # a state that does not fit the adapters is refused, naming what is wrong
     bad = dict(state)
     bad.pop(next(iter(bad)))
-    from g2rpo.common.weights import weights_checksum
+    from g2rpo.common.wire.weights import weights_checksum
 
     with pytest.raises(WeightMismatch, match="missing"):
         worker.load_weights(version, bad, weights_checksum(bad))
@@ -101,7 +101,7 @@ def test_adapters_only_are_published_and_workers_match_the_learner(world, tmp_pa
 
 def test_lora_checkpoint_and_export_load_back(world, tmp_path):
     from diffusers import FluxPipeline
-    from g2rpo.common.flux import FluxVelocity
+    from g2rpo.common.families.flux import FluxVelocity
 
     cfg = _cfg(world, *LORA)
     learner, worker = LearnerCore(cfg), RolloutWorkerCore(cfg, 0)

@@ -30,7 +30,7 @@ def _rollout(cfg):
 
 def _update(extra: list[str], batch):
     """One learner update on ``batch``: (stats, gradients, weights after)."""
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
     from g2rpo.learner.trainer import LearnerCore
 
     learner = LearnerCore(load_config(REPO / "configs" / "tiny.yaml", [*SMALL, *extra]))
@@ -64,7 +64,7 @@ def _saved_bytes(learner, batch) -> int:
 
 
 def test_gradient_checkpointing_gives_the_same_gradients_from_fewer_saved_activations():
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
 
     batch = _rollout(load_config(REPO / "configs" / "tiny.yaml", SMALL))
     plain, plain_stats, plain_grads = _update([], batch)
@@ -85,7 +85,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_from_fewer_saved_activa
 
 
 def test_the_learner_micro_batch_splits_the_same_update():
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
 
     batch = _rollout(load_config(REPO / "configs" / "tiny.yaml", SMALL))
     whole, whole_stats, whole_grads = _update(["train.learner.max_batch=64"], batch)
@@ -109,7 +109,7 @@ def test_checkpointed_blocks_recompute_under_the_forwards_attention_kernels():
     used. diffusers' default recomputes outside ``sdpa_kernel``: on an H200 that took
     another kernel and failed the first update of every FLUX recipe that checkpoints;
     here math in the forward met the CPU flash kernel in the recompute."""
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
 
     batch = _rollout(load_config(REPO / "configs" / "tiny.yaml", SMALL))
     math = ["model.attention_backend=math"]

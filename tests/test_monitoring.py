@@ -5,7 +5,7 @@ deploy/'s scrape config (file_sd targets pointed at loopback, intervals shortene
 it; then every dashboard panel's query and every recording rule must return series.
 The run is a background ``g2rpo compare``'s (SIGINT ignored, as a script's ``&`` leaves
 it), stopped by SIGTERM: compare passes it on once, the run checkpoints its last
-iteration and says how to resume, and both exit 143 (common/stopping.py)."""
+iteration and says how to resume, and both exit 143 (common/cluster/stopping.py)."""
 
 import json
 import shutil
@@ -19,7 +19,7 @@ import numpy as np
 import psutil
 import pytest
 import yaml
-from g2rpo.common.config import dump_config, load_config
+from g2rpo.common.config.loading import dump_config, load_config
 from servers import G2RPO, PrometheusServer, RewardServerProcess, session_ray_env
 from small_run import SMALL_RUN, assert_stopped_with_checkpoint
 

@@ -12,10 +12,11 @@ import math
 
 import pytest
 import torch
-from g2rpo.common.config import ConfigError, load_config
-from g2rpo.common.ppo import ppo_clip_loss
-from g2rpo.common.rollout_plan import algorithm_nfe, tree_nfe
-from g2rpo.common.sde import cps_coefficients, noise_step_weights, sde_step
+from g2rpo.common.algorithms.ppo import ppo_clip_loss
+from g2rpo.common.algorithms.rollout_plan import algorithm_nfe, tree_nfe
+from g2rpo.common.algorithms.sde import cps_coefficients, noise_step_weights, sde_step
+from g2rpo.common.config.loading import load_config
+from g2rpo.common.errors import ConfigError
 from g2rpo.rollout_worker.plan import flowgrpo_fast_plan, plan_for, tempflow_plan
 
 F64 = torch.float64
@@ -95,8 +96,8 @@ def test_cps_flow_grpo_ratio_is_the_gaussian_ratio_to_the_power_two_tau_squared(
     """optim.cps_ratio flow_grpo: flow_grpo's CPS log-prob is −mean((x'−μ)²) (no variance,
     no constant), so its log-ratio is 2τ² times the Gaussian one (newer-methods.md §6d);
     checked against that definition on one step's tensors."""
-    from g2rpo.common.schedules import sampling_grid
-    from g2rpo.common.trajectories import Transitions
+    from g2rpo.common.algorithms.schedules import sampling_grid
+    from g2rpo.common.wire.trajectories import Transitions
     from g2rpo.learner.grpo import StepSpec, policy_log_ratio
 
     grid = sampling_grid(6, 3.0)
@@ -105,7 +106,7 @@ def test_cps_flow_grpo_ratio_is_the_gaussian_ratio_to_the_power_two_tau_squared(
     mean_old, mean_new = torch.randn(3, 5, generator=gen), torch.randn(3, 5, generator=gen)
     steps = torch.tensor([0, 2, 4])
     tau = cps_coefficients(grid.sigmas[steps], grid.sigmas[steps + 1], 0.8).std
-    from g2rpo.common.sde import gaussian_log_prob
+    from g2rpo.common.algorithms.sde import gaussian_log_prob
 
     lp_old = gaussian_log_prob(x_next, mean_old, tau)
     lp_new = gaussian_log_prob(x_next, mean_new, tau)
@@ -251,8 +252,8 @@ def test_guard_ratio_is_the_noise_projection_of_the_mean_shift():
     """Under the rollout's own noise x' = μ_old + τε, RatioNorm's log r̂ is exactly
     mean(ε ⊙ δ), δ = μ_θ − μ_old (newer-methods.md §7d): 0 at δ = 0, and its gradient in
     μ_θ is ε/D because the bias b is differentiated (detaching it would leave ε − δ/τ)."""
-    from g2rpo.common.ppo import guard_log_ratio
-    from g2rpo.common.sde import gaussian_log_prob
+    from g2rpo.common.algorithms.ppo import guard_log_ratio
+    from g2rpo.common.algorithms.sde import gaussian_log_prob
 
     gen = torch.Generator().manual_seed(3)
     old_mean = torch.randn(4, 6, generator=gen, dtype=F64)
@@ -277,7 +278,7 @@ def test_guard_loss_divides_each_step_by_its_sigma_decrement(tiny_flux):
     """The learner's GRPO-Guard loss on a rollout: the plan keeps each trained step's
     mean, the ratio before any update is exactly 1, and the loss is the surrogate of r̂
     weighted by 1/|Δσ| (known answer at r̂ = 1: mean(−A/|Δσ|))."""
-    from g2rpo.common.schedules import sampling_grid
+    from g2rpo.common.algorithms.schedules import sampling_grid
     from g2rpo.learner.grpo import StepSpec, _chunk_loss
     from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
 
@@ -319,7 +320,7 @@ def test_a_trained_step_without_noise_is_refused_at_the_rollout(tiny_flux):
     """η = 0 makes every SDE step an ODE step: a trained one has no log-prob, and the
     engine says so instead of handing the learner a NaN."""
     from conftest import flux_cond
-    from g2rpo.common.schedules import sampling_grid
+    from g2rpo.common.algorithms.schedules import sampling_grid
     from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
     from g2rpo.rollout_worker.plan import g2rpo_plan
 

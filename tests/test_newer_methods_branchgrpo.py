@@ -9,9 +9,10 @@ import math
 
 import pytest
 import torch
-from g2rpo.common.config import ConfigError, load_config
-from g2rpo.common.rollout_plan import algorithm_nfe
-from g2rpo.common.sde import gaussian_log_prob
+from g2rpo.common.algorithms.rollout_plan import algorithm_nfe
+from g2rpo.common.algorithms.sde import gaussian_log_prob
+from g2rpo.common.config.loading import load_config
+from g2rpo.common.errors import ConfigError
 from g2rpo.rollout_worker.plan import plan_for
 
 F64 = torch.float64
@@ -99,8 +100,8 @@ def test_branchgrpo_split_noise_is_drawn_and_scored_at_its_scale(tiny_flux):
     ratio 1 on every edge; at the unscaled std (their code's log-prob: newer-methods.md
     §4g.1) the split edges' log-probs differ, the chain edges' do not."""
     from conftest import flux_cond
-    from g2rpo.common.schedules import sampling_grid
-    from g2rpo.common.sde import step_coefficients
+    from g2rpo.common.algorithms.schedules import sampling_grid
+    from g2rpo.common.algorithms.sde import step_coefficients
     from g2rpo.learner.grpo import StepSpec, recompute_log_probs
     from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
     from g2rpo.rollout_worker.tree_plans import branchgrpo_plan

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from g2rpo.common.config import ConfigError, load_config
-from g2rpo.common.rollout_plan import algorithm_nfe
+from g2rpo.common.algorithms.rollout_plan import algorithm_nfe
+from g2rpo.common.config.loading import load_config
+from g2rpo.common.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +66,7 @@ def test_nft_plan_and_a_learner_update_with_its_old_policy_checkpointed():
     sample 0's path (no extra NFE). One update on the committed world: N·(T−1)·3
     forwards (trained, old, reference), the old policy moves to λ·old + (1−λ)·θ and
     comes back from a checkpoint."""
-    from g2rpo.common.rollout_plan import tree_nfe
+    from g2rpo.common.algorithms.rollout_plan import tree_nfe
     from g2rpo.learner.trainer import LearnerCore
     from g2rpo.rollout_worker.plan import nft_plan
 

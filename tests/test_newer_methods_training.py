@@ -73,9 +73,9 @@ pytestmark = pytest.mark.slow
 def test_two_iterations_through_the_ray_path(
     warm, world, scorer_url, tmp_path, name, extra, transitions
 ):
-    from g2rpo.common.config import load_config
-    from g2rpo.common.rollout_plan import algorithm_nfe
-    from g2rpo.common.seeds import seed_for
+    from g2rpo.common.algorithms.rollout_plan import algorithm_nfe
+    from g2rpo.common.algorithms.seeds import seed_for
+    from g2rpo.common.config.loading import load_config
     from g2rpo.orchestration.driver import read_metrics
     from g2rpo.rollout_worker.plan import plan_for
 

@@ -3,8 +3,8 @@ baseline's logging anchors) plus the learner's forwards; and the NFE budget."""
 
 import torch
 from conftest import toy_cond
-from g2rpo.common.rollout_plan import algorithm_nfe, tree_nfe
-from g2rpo.common.schedules import sampling_grid
+from g2rpo.common.algorithms.rollout_plan import algorithm_nfe, tree_nfe
+from g2rpo.common.algorithms.schedules import sampling_grid
 from g2rpo.learner.grpo import StepSpec, grpo_update
 from g2rpo.orchestration.budget import Budget
 from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.planning.offload_choice import (
     GiB,
     PairMemory,

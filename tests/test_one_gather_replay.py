@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ElementwiseVelocity, toy_cond
-from g2rpo.common.config import load_config
-from g2rpo.common.schedules import sampling_grid
+from g2rpo.common.algorithms.schedules import sampling_grid
+from g2rpo.common.config.loading import load_config
 from g2rpo.learner.advantages import plan_advantages
 from g2rpo.learner.grpo import StepSpec, grpo_update
 from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
@@ -265,7 +265,7 @@ def _calls(module: torch.nn.Module) -> list[int]:
 @pytest.mark.parametrize("method", list(METHODS))
 def test_every_accumulate_method_stacks_its_steps_and_keeps_the_per_step_update(method):
     """Each log-prob method that can run with step_mode accumulate (every one:
-    common/config_algorithm.py refuses none), through PolicyGradient as training calls
+    common/config/algorithm.py refuses none), through PolicyGradient as training calls
     it: the stacked replay runs ceil(states / max_batch) policy forwards (and as many of
     the KL reference's), the per-step replay one or more per SDE step; both give the same
     loss and gradient, and the ratio before any update is 1."""

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from g2rpo.common.config_algorithm import OptimConfig
+from g2rpo.common.config.algorithm import OptimConfig
 from g2rpo.learner.optimizer import adamw, adamw_kernel
 
 
@@ -45,7 +45,7 @@ def test_a_checkpoint_does_not_carry_its_kernel_into_a_resumed_learner(tmp_path)
     existed, or another device's) load with the flags of the config that resumes."""
     from pathlib import Path
 
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
     from g2rpo.learner.trainer import LearnerCore
 
     world = Path(__file__).resolve().parents[1] / "assets" / "shapes-world" / "pipeline"

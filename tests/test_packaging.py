@@ -62,7 +62,8 @@ def _dockerfile_sources() -> set[str]:
 def test_relative_paths_try_the_working_dir_then_the_project(tmp_path, monkeypatch):
     """In the checkout (the editable install) as in the wheel: the working dir's file
     wins; otherwise the one under the project root; configs also by bare name."""
-    from g2rpo.common.config import ConfigError, load_config
+    from g2rpo.common.config.loading import load_config
+    from g2rpo.common.errors import ConfigError
     from g2rpo.common.paths import PROJECT_ROOT, find_config, resolve_path
 
     monkeypatch.chdir(tmp_path)
@@ -136,7 +137,7 @@ def test_the_installed_package_resolves_the_shipped_paths(installed):
     package, and a missing config's error naming every place looked at."""
     code = (
         "import json, g2rpo\n"
-        "from g2rpo.common.config import load_config\n"
+        "from g2rpo.common.config.loading import load_config\n"
         "from g2rpo.common.paths import resolve_path\n"
         "from g2rpo.common.paths import DEFAULT_WORLD\n"
         "cfg = load_config('configs/tiny.yaml')\n"
@@ -174,8 +175,8 @@ def test_a_job_working_dir_does_not_shadow_the_installed_package(installed):
     env = _env()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     code = (
-        "import json, g2rpo, g2rpo.cli, g2rpo.common.config, g2rpo.orchestration.driver\n"
-        "print(json.dumps([m.__file__ for m in (g2rpo, g2rpo.cli, g2rpo.common.config,\n"
+        "import json, g2rpo, g2rpo.cli, g2rpo.common.config.run, g2rpo.orchestration.driver\n"
+        "print(json.dumps([m.__file__ for m in (g2rpo, g2rpo.cli, g2rpo.common.config.run,\n"
         "    g2rpo.orchestration.driver)]))\n"
     )
     files = json.loads(_run([installed["python"], "-c", code], ROOT, env).stdout)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.orchestration.driver import train
 from g2rpo.reward_server.convert import convert_reward
 from g2rpo.reward_server.random_models import byte_level_clip_tokenizer

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from g2rpo.common.stats import paired_difference
+from g2rpo.common.algorithms.stats import paired_difference
 from g2rpo.evaluation import photo_check as pc
 from g2rpo.evaluation import photo_hacks as ph
 from g2rpo.evaluation import photo_sets as ps

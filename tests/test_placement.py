@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.orchestration.driver import read_metrics, train
 from g2rpo.orchestration.placement import PlacementError, local_cluster_resources
 from small_run import SMALL_RUN

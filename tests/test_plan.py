@@ -63,7 +63,8 @@ import re  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from g2rpo.cli import main  # noqa: E402
-from g2rpo.common.config import ConfigError, load_config  # noqa: E402
+from g2rpo.common.config.loading import load_config  # noqa: E402
+from g2rpo.common.errors import ConfigError  # noqa: E402
 from g2rpo.planning.check import refuse_misfit  # noqa: E402
 from g2rpo.planning.estimate import GiB, plan  # noqa: E402
 from plan_setup import ROOT, SMALL, _actor, module_plan_cache  # noqa: E402

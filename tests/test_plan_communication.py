@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.planning.calibration import calibration, shipped_rates
 from g2rpo.planning.timing import estimate_time
 

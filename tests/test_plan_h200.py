@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.planning.estimate import GiB, plan
 from g2rpo.planning.presets import COMPONENTS, preset_config
 from plan_setup import ROOT, SMALL, _actor, module_plan_cache

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from g2rpo.common.config import load_config
-from g2rpo.common.flops import count_flops
+from g2rpo.common.algorithms.flops import count_flops
+from g2rpo.common.config.loading import load_config
 from g2rpo.planning.calibration import Calibration, Rate, calibration, read_rates
 from g2rpo.planning.flop_trace import transformer_flops
 from g2rpo.planning.presets import preset_config

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from g2rpo.common.ppo import kl_to_reference, ppo_clip_loss
+from g2rpo.common.algorithms.ppo import kl_to_reference, ppo_clip_loss
 
 
 def test_ratio_one_gives_minus_mean_advantage_and_policy_gradient():

@@ -141,8 +141,8 @@ def test_sheets_show_every_sample_beside_the_base_and_keep_the_key_outside(tmp_p
 
 
 def test_measures_of_kept_images_are_records_the_driver_s_rows_follow_from(tmp_path):
-    from g2rpo.common import image_health
-    from g2rpo.common.shapes import parse_prompt, render_batch
+    from g2rpo.common.health import image_health
+    from g2rpo.common.prompts.shapes import parse_prompt, render_batch
     from g2rpo.evaluation.study_measures import read_measures, write_measures
 
     prompts = ["a blue circle on a white background", "a red square on a black background"]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import ray
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.orchestration.cluster import RunActors
 from g2rpo.orchestration.publishing import CollectivePublisher
 from small_run import SMALL_RUN, formed_learner_and_workers
@@ -73,7 +73,7 @@ def test_rank0_keeps_the_versions_a_worker_may_load_each_held_once(ray_local):
     import weakref
 
     import torch
-    from g2rpo.common.weights import weights_checksum
+    from g2rpo.common.wire.weights import weights_checksum
     from g2rpo.learner.staged_versions import StagedVersions, versions_kept
 
     assert (versions_kept(0), versions_kept(1), versions_kept(3)) == (1, 2, 2)

@@ -11,7 +11,8 @@ import re
 from pathlib import Path
 
 import pytest
-from g2rpo.common.config import G2RPOConfig, config_from_dict, load_config
+from g2rpo.common.config.loading import config_from_dict, load_config
+from g2rpo.common.config.run import G2RPOConfig
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 ALL = sorted(CONFIGS.glob("*.yaml"))

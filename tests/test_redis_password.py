@@ -13,10 +13,10 @@ import subprocess
 import time
 
 import pytest
-from g2rpo.common.config import load_config
+from g2rpo.common.cluster.redis_access import RedisAuthError, RedisPassword, connect_redis
+from g2rpo.common.config.loading import load_config
 from g2rpo.common.errors import ConfigError, UsageError
-from g2rpo.common.redis_access import RedisAuthError, RedisPassword, connect_redis
-from g2rpo.common.shapes import all_combinations, render_batch
+from g2rpo.common.prompts.shapes import all_combinations, render_batch
 from g2rpo.orchestration.reward_check import served_in_redis
 from g2rpo.orchestration.telemetry import RedisStatus, read_status
 from g2rpo.reward_server.client import RewardClient

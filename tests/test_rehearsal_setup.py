@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.common.errors import UsageError
 from g2rpo.orchestration.rehearsal_setup import MAX_ACTORS, rehearsal_of
 

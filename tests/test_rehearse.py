@@ -194,7 +194,7 @@ def test_flux_hps_rehearses_on_two_nodes_at_its_true_sizes(tmp_path):
     # every sample (2 a prompt: diversity; the held-out clip_score's embedding: its
     # diversity), the drift of the held-out clip_score against the trained hpsv2, and
     # train.guard's reading (action alert), the final evaluation's included
-    from g2rpo.common.image_health import AGAINST_BASE, PER_IMAGE
+    from g2rpo.common.health.image_health import AGAINST_BASE, PER_IMAGE
 
     measures = sorted({*PER_IMAGE, *AGAINST_BASE, "diversity_embed"})
     first, final = report["evaluations"]

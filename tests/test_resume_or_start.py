@@ -7,7 +7,7 @@ checkpoints by wall time, so a retry redoes at most that much whatever
 
 from types import SimpleNamespace
 
-from g2rpo.common.config import dump_config, load_config
+from g2rpo.common.config.loading import dump_config, load_config
 from g2rpo.orchestration.driver import read_metrics, train
 from g2rpo.orchestration.lifecycle import checkpoint_due, run_to_continue
 from g2rpo.run_directory.files import iteration_of, list_checkpoints

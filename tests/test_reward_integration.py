@@ -5,7 +5,7 @@ import subprocess
 import time
 
 import pytest
-from g2rpo.common.shapes import all_combinations, render_batch
+from g2rpo.common.prompts.shapes import all_combinations, render_batch
 from g2rpo.reward_server.client import NoReplicaAvailable, RewardClient, RewardRequestError
 from g2rpo.reward_server.discovery import live_replicas
 from g2rpo.reward_server.scorers.shapes_oracle import ShapesOracle

@@ -211,7 +211,7 @@ def test_a_jobs_replicas_take_its_limit_and_its_workers_its_bounds(ray_local):
     """train.reward.max_payload_mib reaches the replicas a job starts (RewardSource →
     RewardReplica → ServerSettings), train.reward.request_mib and concurrency the
     client a rollout worker builds."""
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
     from g2rpo.reward_server.replicas import RewardSource
     from g2rpo.rollout_worker.worker import RolloutWorkerCore
 

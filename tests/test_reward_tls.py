@@ -9,9 +9,9 @@ import time
 
 import httpx
 import pytest
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.common.errors import ConfigError, UsageError
-from g2rpo.common.shapes import all_combinations, render_batch
+from g2rpo.common.prompts.shapes import all_combinations, render_batch
 from g2rpo.orchestration.reward_check import served_by_urls
 from g2rpo.reward_server.client import RewardClient
 from g2rpo.reward_server.discovery import ReplicaInfo, deregister, live_replicas, register
@@ -182,8 +182,8 @@ def test_a_jobs_replicas_serve_https_and_register_in_a_locked_redis(
     register their https:// URL in a Redis that requires it; a rollout worker's own client
     (train.reward.tls_ca_file, RewardEndpoints' password) scores there."""
     import ray
-    from g2rpo.common.config import dump_config
-    from g2rpo.common.redis_access import RedisPassword
+    from g2rpo.common.cluster.redis_access import RedisPassword
+    from g2rpo.common.config.loading import dump_config
     from g2rpo.reward_server.replicas import RewardSource
     from g2rpo.rollout_worker.worker import RolloutWorkerCore
 

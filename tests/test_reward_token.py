@@ -8,7 +8,7 @@ import secrets
 import subprocess
 
 import pytest
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.common.errors import G2RPOError
 from g2rpo.reward_server.security import token_problem
 from g2rpo.reward_server.settings import ScorerSpec, ServerSettings

@@ -25,7 +25,7 @@ TOL = 1e-4  # test_engine's batched-vs-reference parity on a FLUX transformer
 
 
 def _cfg(*extra: str):
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
 
     return load_config(REPO / "configs" / "tiny.yaml", [*SMALL, *extra])
 
@@ -34,7 +34,7 @@ def _cfg(*extra: str):
 def pair():
     """(eager, compiled) velocity adapters over two copies of one random FLUX-layout
     transformer, as a rollout worker holds it (eval, no grad)."""
-    from g2rpo.common.flux import FluxVelocity, build_tiny_flux
+    from g2rpo.common.families.flux import FluxVelocity, build_tiny_flux
 
     eager, compiled = (
         FluxVelocity(build_tiny_flux("test", seed=0).requires_grad_(False), 4, 4) for _ in range(2)
@@ -44,7 +44,7 @@ def pair():
 
 def _rollout(velocity, iteration: int = 0):
     """A G2RPO tree of 2 prompts (every call a batch of 2 or more), 6 steps, G=3."""
-    from g2rpo.common.schedules import sampling_grid
+    from g2rpo.common.algorithms.schedules import sampling_grid
     from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
     from g2rpo.rollout_worker.plan import g2rpo_plan
 
@@ -65,7 +65,7 @@ def _assert_parity(compiled, eager) -> None:
 
 def _warm(compiled) -> None:
     """The compiled adapter has compiled its blocks (a test run alone needs this)."""
-    from g2rpo.common.transformer_compile import graphs_compiled
+    from g2rpo.common.families.transformer_compile import graphs_compiled
 
     if graphs_compiled() == 0:
         _rollout(compiled)
@@ -74,7 +74,7 @@ def _warm(compiled) -> None:
 def test_compiled_rollout_equals_eager(pair):
     """Catches: no model.compile; a compiled rollout drifting from the eager one; a
     recompile per batch size of the wavefront (one graph per block class serves all)."""
-    from g2rpo.common.transformer_compile import compiled_blocks, graphs_compiled
+    from g2rpo.common.families.transformer_compile import compiled_blocks, graphs_compiled
 
     eager, compiled = pair
     assert compiled_blocks(compiled.transformer) == 2 and compiled.compile == "blocks"
@@ -95,8 +95,8 @@ def test_published_version_does_not_recompile(pair):
     """Catches: a load that replaces parameters (or their dtype, or requires_grad) and
     makes every new version recompile the blocks; a compiled rollout still sampling the
     old weights."""
-    from g2rpo.common.transformer_compile import graphs_compiled
-    from g2rpo.common.weights import load_published, weights_checksum
+    from g2rpo.common.families.transformer_compile import graphs_compiled
+    from g2rpo.common.wire.weights import load_published, weights_checksum
 
     eager, compiled = pair
     _warm(compiled)
@@ -132,7 +132,7 @@ def test_offload_round_trip_keeps_the_compiled_blocks(pair):
     """Catches: torch keeping weakrefs to the parameters after a compile, which makes
     swap_tensors (the offload's move) raise "Couldn't swap" (pytorch#186796); a moved
     parameter recompiling the blocks or leaving them on stale storage."""
-    from g2rpo.common.transformer_compile import graphs_compiled
+    from g2rpo.common.families.transformer_compile import graphs_compiled
 
     eager, compiled = pair
     _warm(compiled)
@@ -156,8 +156,8 @@ def test_offload_round_trip_keeps_the_compiled_blocks(pair):
 def test_flop_counter_sees_the_compiled_transformer_eagerly(pair):
     """Catches: a compiled call under torch's FLOP counter (the doctor's FLOPs per NFE)
     raising "fullgraph=True found no compiled frames", or counting other FLOPs."""
-    from g2rpo.common.flops import count_flops
-    from g2rpo.common.transformer_compile import graphs_compiled
+    from g2rpo.common.algorithms.flops import count_flops
+    from g2rpo.common.families.transformer_compile import graphs_compiled
 
     eager, compiled = pair
     _warm(compiled)
@@ -174,7 +174,7 @@ def test_flop_counter_sees_the_compiled_transformer_eagerly(pair):
 def test_worker_compiles_its_transformer_as_configured():
     """Catches: model.compile not reaching the rollout worker's transformer (the world's
     2 double + 4 single blocks; compiled lazily, so nothing is traced here)."""
-    from g2rpo.common.transformer_compile import compiled_blocks
+    from g2rpo.common.families.transformer_compile import compiled_blocks
     from g2rpo.rollout_worker.worker import RolloutWorkerCore
 
     worker = RolloutWorkerCore(_cfg("model.compile=blocks"), 0)
@@ -186,7 +186,7 @@ def test_worker_compiles_its_transformer_as_configured():
 def test_learner_is_never_compiled():
     """Catches: model.compile reaching the learner's transformer (the issue asks for the
     rollout; a compiled update would need its own parity)."""
-    from g2rpo.common.transformer_compile import compiled_blocks
+    from g2rpo.common.families.transformer_compile import compiled_blocks
     from g2rpo.learner.trainer import LearnerCore
 
     learner = LearnerCore(_cfg("model.compile=blocks"))
@@ -197,8 +197,12 @@ def test_cuda_graphs_are_refused_off_cuda_and_on_a_colocated_worker():
     """Catches: CUDA graphs (torch.compile reduce-overhead) silently asked for on a CPU,
     or on a colocated worker, where their memory pool would stay on the GPU through the
     learner's turn."""
-    from g2rpo.common.flux import build_tiny_flux
-    from g2rpo.common.transformer_compile import check_placement, compile_blocks, compiled_blocks
+    from g2rpo.common.families.flux import build_tiny_flux
+    from g2rpo.common.families.transformer_compile import (
+        check_placement,
+        compile_blocks,
+        compiled_blocks,
+    )
 
     with pytest.raises(ConfigError, match=r"blocks_cuda_graphs with train\.placement colocated"):
         check_placement("blocks_cuda_graphs", "colocated")
@@ -217,8 +221,8 @@ def test_blocks_are_found_for_every_family():
     """Catches: SD3's transformer (diffusers declares no _repeated_blocks for it) refused
     or compiled whole; FLUX not taking diffusers' own selection."""
     from diffusers import SD3Transformer2DModel
-    from g2rpo.common.flux import build_tiny_flux
-    from g2rpo.common.transformer_compile import compile_blocks, repeated_block_classes
+    from g2rpo.common.families.flux import build_tiny_flux
+    from g2rpo.common.families.transformer_compile import compile_blocks, repeated_block_classes
 
     flux = build_tiny_flux("test")
     assert repeated_block_classes(flux) == ["FluxTransformerBlock", "FluxSingleTransformerBlock"]

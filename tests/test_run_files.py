@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.orchestration.budget import Budget
 from g2rpo.orchestration.driver import TrainingLoop
 from g2rpo.run_directory.files import (
@@ -164,7 +164,7 @@ def test_a_resume_missing_its_recorded_checkpoint_changes_nothing_and_says_why(t
     and 3, nor from 0 and drop everything: it stops before any actor starts, with
     metrics.jsonl and evals/ as they were."""
     import pytest
-    from g2rpo.common.config import dump_config
+    from g2rpo.common.config.loading import dump_config
     from g2rpo.common.errors import RunDirError
     from g2rpo.orchestration.driver import train
     from g2rpo.run_directory.files import checkpoint_to_resume, record_checkpoint

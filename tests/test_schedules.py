@@ -3,7 +3,7 @@ import math
 
 import pytest
 import torch
-from g2rpo.common.schedules import (
+from g2rpo.common.algorithms.schedules import (
     completion_indices,
     completion_step_count,
     expected_g2rpo_nfe,

@@ -2,8 +2,8 @@ import math
 
 import pytest
 import torch
-from g2rpo.common.schedules import sigma_schedule
-from g2rpo.common.sde import (
+from g2rpo.common.algorithms.schedules import sigma_schedule
+from g2rpo.common.algorithms.sde import (
     diffusion_coefficient,
     gaussian_log_prob,
     ode_step,

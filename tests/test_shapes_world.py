@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from g2rpo.common.shapes import (
+from g2rpo.common.prompts.shapes import (
     COLOURS,
     SHAPES,
     ShapeSpec,

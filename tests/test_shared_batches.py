@@ -10,10 +10,10 @@ import pytest
 import ray
 import torch
 from conftest import ElementwiseVelocity, toy_cond
-from g2rpo.common.config import load_config
-from g2rpo.common.schedules import sampling_grid
-from g2rpo.common.shared_tensors import SHARE_FROM_BYTES, from_wire, to_wire
-from g2rpo.common.trajectories import Trajectories, Transitions
+from g2rpo.common.algorithms.schedules import sampling_grid
+from g2rpo.common.config.loading import load_config
+from g2rpo.common.wire.shared_tensors import SHARE_FROM_BYTES, from_wire, to_wire
+from g2rpo.common.wire.trajectories import Trajectories, Transitions
 from g2rpo.learner.advantages import plan_advantages
 from g2rpo.learner.batches import RowStack, merge
 from g2rpo.learner.grpo import StepSpec, grpo_update

@@ -4,7 +4,7 @@ Two network namespaces joined by a veth pair stand for two nodes; /etc/hosts on 
 machine maps its hostname to 127.0.0.1 (Debian's 127.0.1.1 does the same), so gloo,
 left to itself, tells the peer to connect to the peer's own loopback and the join
 fails (or hangs for the collective timeout). With the interface chosen from the
-node's IP (``common.net.pin_socket_interfaces``, what every learner rank and weight
+node's IP (``common.cluster.net.pin_socket_interfaces``, what every learner rank and weight
 group member does with Ray's node IP) the group forms and reduces."""
 
 import itertools
@@ -16,14 +16,14 @@ import time
 import uuid
 
 import pytest
-from g2rpo.common.net import interface_of, pin_socket_interfaces
+from g2rpo.common.cluster.net import interface_of, pin_socket_interfaces
 
 # one rank of a 2-rank gloo group: RANK ADDRESS NODE_IP PIN(0/1)
 JOIN = """
 import sys
 from datetime import timedelta
 import torch, torch.distributed as dist
-from g2rpo.common.net import pin_socket_interfaces
+from g2rpo.common.cluster.net import pin_socket_interfaces
 rank, address, node_ip, pin = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1"
 if pin:
     print("set", pin_socket_interfaces(node_ip), flush=True)

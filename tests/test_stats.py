@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from g2rpo.common.stats import (
+from g2rpo.common.algorithms.stats import (
     across_seeds,
     bootstrap_mean,
     paired_difference,
@@ -60,7 +60,7 @@ def test_strict_pass_is_all_three_criteria():
 
 
 def test_seeds_to_resolve_is_the_first_n_whose_t_interval_excludes_zero():
-    from g2rpo.common.stats import seeds_to_resolve
+    from g2rpo.common.algorithms.stats import seeds_to_resolve
 
     # mean 2, sd 1: t(2)·1/√3 = 2.48 > 2, t(3)·1/√4 = 1.59 < 2
     assert seeds_to_resolve([1.0, 2.0, 3.0]) == 4

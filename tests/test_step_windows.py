@@ -3,8 +3,9 @@ iteration, and what the plan and its NFEs become."""
 
 import pytest
 import torch
-from g2rpo.common.config import ConfigError, load_config
-from g2rpo.common.rollout_plan import algorithm_nfe
+from g2rpo.common.algorithms.rollout_plan import algorithm_nfe
+from g2rpo.common.config.loading import load_config
+from g2rpo.common.errors import ConfigError
 from g2rpo.rollout_worker.plan import plan_for
 from g2rpo.rollout_worker.step_windows import g2rpo_branch_steps
 

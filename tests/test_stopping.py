@@ -1,4 +1,4 @@
-"""SIGTERM stops like Ctrl-C (common/stopping.py) even where Ray swallows the
+"""SIGTERM stops like Ctrl-C (common/cluster/stopping.py) even where Ray swallows the
 exception our handler raised. (A background `g2rpo compare` and its run stopped by
 SIGTERM, exit 143 and a checkpoint: tests/test_monitoring.py, whose monitored run it is.)"""
 
@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 _SIGTERM_INSIDE_RAY_GET = """
 import os, signal, sys, threading, time
 import ray
-from g2rpo.common.ray_init import init_ray
-from g2rpo.common.stopping import interrupted_exit_code, sigterm_as_interrupt
+from g2rpo.common.cluster.ray_init import init_ray
+from g2rpo.common.cluster.stopping import interrupted_exit_code, sigterm_as_interrupt
 
 @ray.remote(num_cpus=0)
 def wait_long():

@@ -1,17 +1,17 @@
 """Timeouts that scale with the weights a run reads, when the config leaves them unset
-(common/timeouts.py): a tiny model keeps the floor, FLUX.1-dev's bytes get minutes, a
+(common/cluster/timeouts.py): a tiny model keeps the floor, FLUX.1-dev's bytes get minutes, a
 set field wins, and a path this process cannot see gets the conservative default."""
 
 from __future__ import annotations
 
-from g2rpo.common.config import load_config
-from g2rpo.common.timeouts import (
+from g2rpo.common.cluster.timeouts import (
     FLOOR_S,
     SHARED_READ_BYTES_PER_S,
     UNKNOWN_S,
     collective_timeout_s,
     worker_start_timeout_s,
 )
+from g2rpo.common.config.loading import load_config
 
 
 def _pipeline(root, sizes: dict[str, int]):

@@ -2,7 +2,7 @@
 
 import pytest
 import yaml
-from g2rpo.common.weights import WeightMismatch
+from g2rpo.common.wire.weights import WeightMismatch
 from g2rpo.learner.trainer import LearnerCore, StaleTrajectories
 from g2rpo.orchestration.driver import read_metrics, train
 from g2rpo.rollout_worker.worker import RolloutWorkerCore
@@ -70,7 +70,7 @@ def test_lora_run_publishes_adapters_and_resumes_exactly(warm, world, scorer_url
 
 
 def test_stale_trajectories_and_bad_weights_are_refused(world):
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
 
     cfg = load_config(
         None, [*SMALL, f"model.pretrained={world / 'pipeline'}", "train.workers.count=1"]
@@ -84,7 +84,7 @@ def test_stale_trajectories_and_bad_weights_are_refused(world):
         worker.load_weights(version, bad, checksum)
     assert worker.load_weights(version, state, checksum).holds(version, checksum)
     learner.version = 3  # the learner moved on; the worker is still on v0
-    from g2rpo.common.trajectories import Trajectories
+    from g2rpo.common.wire.trajectories import Trajectories
 
     stale = Trajectories(
         worker=0,
@@ -107,7 +107,7 @@ def test_nfe_budget_stops_the_run_and_a_finished_run_stays_finished(
 ):
     import json
 
-    from g2rpo.common.rollout_plan import algorithm_nfe
+    from g2rpo.common.algorithms.rollout_plan import algorithm_nfe
     from g2rpo.rollout_worker.plan import g2rpo_plan
 
     # per iteration: each of the 2 workers' rollout tree + one learner forward per

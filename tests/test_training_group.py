@@ -86,7 +86,7 @@ def test_frozen_and_killed_workers_and_reward_server_then_resumed_exactly_and_on
     shutil.copytree(part, alone)
 
     # g2rpo eval reads a sharded checkpoint: the weights one learner resumes from
-    from g2rpo.common.config import load_config
+    from g2rpo.common.config.loading import load_config
     from g2rpo.evaluation.policy import load_policy, resolve_policy
     from g2rpo.learner.trainer import LearnerCore
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import flux_cond
-from g2rpo.common.config import ConfigError, load_config
-from g2rpo.common.rollout_plan import algorithm_nfe
+from g2rpo.common.algorithms.rollout_plan import algorithm_nfe
+from g2rpo.common.config.loading import load_config
+from g2rpo.common.errors import ConfigError
 from g2rpo.rollout_worker.plan import plan_for
 from g2rpo.rollout_worker.tree_plans import treegrpo_plan, treegrpo_start
 
@@ -39,7 +40,7 @@ def test_one_learner_forward_per_internal_node(tiny_flux):
     """The two children of a node start from its state: the learner's transitions are
     the 30 edges, their distinct states the 15 internal nodes (TreeGRPO's amortised
     training, one forward per branching node)."""
-    from g2rpo.common.schedules import sampling_grid
+    from g2rpo.common.algorithms.schedules import sampling_grid
     from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
 
     plan = treegrpo_plan(1, 6, 4, start=1, eval_anchor=False)

@@ -11,8 +11,8 @@ import json
 
 import pytest
 import torch
-from g2rpo.common.config import load_config
-from g2rpo.common.rollout_plan import algorithm_nfe
+from g2rpo.common.algorithms.rollout_plan import algorithm_nfe
+from g2rpo.common.config.loading import load_config
 from g2rpo.orchestration.driver import read_metrics
 from g2rpo.planning.workload import workload
 from g2rpo.rollout_worker.plan import plan_for

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import ray
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.orchestration.warm_actors import WarmActors
 from small_run import SMALL_RUN
 

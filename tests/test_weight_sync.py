@@ -5,9 +5,9 @@ import multiprocessing as mp
 import time
 
 import torch
-from g2rpo.common.net import free_port
-from g2rpo.common.weight_sync import WeightGroup, layout_of, pack, unpack
-from g2rpo.common.weights import weights_checksum
+from g2rpo.common.cluster.net import free_port
+from g2rpo.common.wire.weight_sync import WeightGroup, layout_of, pack, unpack
+from g2rpo.common.wire.weights import weights_checksum
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -67,7 +67,7 @@ def _broadcast(die: bool) -> dict:
     # each member a fresh process (no thread of pytest's forked): a fork server that
     # imported torch once forks them, instead of 6 spawned processes importing it each
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "g2rpo.common.weight_sync", __name__])
+    ctx.set_forkserver_preload(["torch", "g2rpo.common.wire.weight_sync", __name__])
     results = ctx.Queue()
     address = f"127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_member, args=(r, 3, address, die, results)) for r in range(3)]

@@ -1,4 +1,4 @@
-"""The published-weight checksum (common/weights.py): its definition as a known answer,
+"""The published-weight checksum (common/wire/weights.py): its definition as a known answer,
 what it ignores (dict order, strides) and what it catches (a flipped byte anywhere, a
 wrong version's state, a missing, extra, renamed, misshapen or retyped tensor); and
 the learner's one-copy trained state."""
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 import xxhash
-from g2rpo.common.config import LoraOptions
-from g2rpo.common.flux import build_tiny_flux
-from g2rpo.common.lora import adapter_state, add_lora
-from g2rpo.common.messages import PublishedWeights, WeightsLoaded
-from g2rpo.common.weights import WeightMismatch, load_published, weights_checksum
+from g2rpo.common.config.model import LoraOptions
+from g2rpo.common.families.flux import build_tiny_flux
+from g2rpo.common.families.lora import adapter_state, add_lora
+from g2rpo.common.wire.messages import PublishedWeights, WeightsLoaded
+from g2rpo.common.wire.weights import WeightMismatch, load_published, weights_checksum
 from g2rpo.learner.trainer import in_rollout_dtype, trained_state
 from g2rpo.orchestration.publishing import Published, check_loaded
 

@@ -1,5 +1,5 @@
 """A published weight version reaches the workers of a node without private copies
-(issue 55): put as NumPy arrays (``common/weights.publishable``) it is one copy in the
+(issue 55): put as NumPy arrays (``common/wire/weights.publishable``) it is one copy in the
 node's object store, which each worker verifies and copies into its own weights from
 read-only views (``load_published``). At 3bb9114 a version crossed Ray as torch tensors
 and every worker unpickled the whole of it into its own memory (measured here: twice
@@ -10,10 +10,10 @@ import pytest
 import ray
 import torch
 from g2rpo.benchmarks.weights_memory import bench_weights_memory
-from g2rpo.common.config import LoraOptions
-from g2rpo.common.flux import build_tiny_flux
-from g2rpo.common.lora import adapter_state, add_lora
-from g2rpo.common.weights import load_published, publishable, weights_checksum
+from g2rpo.common.config.model import LoraOptions
+from g2rpo.common.families.flux import build_tiny_flux
+from g2rpo.common.families.lora import adapter_state, add_lora
+from g2rpo.common.wire.weights import load_published, publishable, weights_checksum
 from g2rpo.learner.staged_versions import StagedVersions
 
 MiB = 2**20

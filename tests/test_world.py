@@ -8,9 +8,9 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from g2rpo.common.flux_pipeline import FluxComponents, load_prompt_embeddings
-from g2rpo.common.loaders import ModelPathError
-from g2rpo.common.schedules import sampling_grid
+from g2rpo.common.algorithms.schedules import sampling_grid
+from g2rpo.common.families.flux_pipeline import FluxComponents, load_prompt_embeddings
+from g2rpo.common.families.loaders import ModelPathError
 from g2rpo.rollout_worker.engine import RolloutEngine, draw_noise
 from g2rpo.rollout_worker.plan import g2rpo_plan
 from test_cli import G2RPO
@@ -194,7 +194,7 @@ def test_random_tiny_flux_pipeline_with_guidance_through_the_loader(tmp_path):
 
 def test_committed_default_world_loads_and_its_reward_separates_pairs():
     from g2rpo.common.paths import DEFAULT_WORLD
-    from g2rpo.common.shapes import render_batch, split_combinations
+    from g2rpo.common.prompts.shapes import render_batch, split_combinations
     from g2rpo.reward_server.scorers.registry import make_scorer
     from g2rpo.world.evaluate import auc, sample_images
 
@@ -213,7 +213,7 @@ def test_the_clip_tokenizer_is_the_same_in_every_process_and_keeps_words_whole()
     # two runs of `g2rpo pretrain --seed 0` trained different worlds
     import sys
 
-    from g2rpo.common.shapes import all_combinations
+    from g2rpo.common.prompts.shapes import all_combinations
     from g2rpo.world.text import WORDS, build_clip_tokenizer
 
     probe = (

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..common.shapes import all_combinations, render_batch
+from ..common.prompts.shapes import all_combinations, render_batch
 from .text import MAX_TOKENS, TEXT_DIM, clip_text_kwargs
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

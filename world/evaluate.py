@@ -9,13 +9,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..common.families import (
-    PipelineComponents,
-    load_components,
-    pipeline_sampling_grid,
-)
-from ..common.schedules import sampling_grid
-from ..common.shapes import ShapeSpec, render_batch, split_combinations
+from ..common.algorithms.schedules import sampling_grid
+from ..common.families.registry import PipelineComponents, load_components, pipeline_sampling_grid
+from ..common.prompts.shapes import ShapeSpec, render_batch, split_combinations
 from ..reward_server.scorers.clip_score import ClipScore
 from ..reward_server.scorers.shapes_oracle import ShapesOracle
 from ..rollout_worker.plan import anchor_plan

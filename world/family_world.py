@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from ..common.errors import UsageError
 from ..common.paths import DEFAULT_WORLD
-from ..common.shapes import SPLIT_SEED, ShapeSpec, render_batch, split_combinations
+from ..common.prompts.shapes import SPLIT_SEED, ShapeSpec, render_batch, split_combinations
 from .flow import flow_matching
 from .pretrain import FULL, QUICK, PretrainSettings
 from .text import MAX_TOKENS
@@ -72,7 +72,7 @@ def sd3_transformer_config() -> dict:
 def _sd3_components(flux_world: Path, seed: int):
     from diffusers import AutoencoderKL, SD3Transformer2DModel
 
-    from ..common.sd3_pipeline import SD3Components
+    from ..common.families.sd3_pipeline import SD3Components
     from .sd3_random import sd3_text_stack
 
     torch.manual_seed(seed)
@@ -83,7 +83,7 @@ def _sd3_components(flux_world: Path, seed: int):
 
 
 def _qwenimage_components(settings: PretrainSettings, seed: int, progress: bool):
-    from ..common.qwenimage_pipeline import QwenImageComponents
+    from ..common.families.qwenimage_pipeline import QwenImageComponents
     from .qwenimage_random import build_qwen_text_encoder, build_qwen_tokenizer, qwen_transformer
 
     torch.manual_seed(seed)
@@ -102,7 +102,7 @@ def train_qwen_vae(settings: PretrainSettings, seed: int, progress: bool = True)
     per-channel mean and std (QwenImagePipeline decodes z·std + mean)."""
     from diffusers import AutoencoderKLQwenImage
 
-    from ..common.shapes import all_combinations
+    from ..common.prompts.shapes import all_combinations
     from .vae import STATS_IMAGES, to_pixels
 
     torch.manual_seed(seed)
@@ -148,7 +148,7 @@ def family_latents(comps, images: np.ndarray, batch: int = 256) -> torch.Tensor:
     [N, 16, h, w]; Qwen-Image's (z − mean)/std per channel, packed into 2x2 tokens."""
     if "temperal_downsample" not in comps.vae.config:  # SD3's AutoencoderKL
         return encode_images(comps.vae, images, batch)
-    from ..common.flux import pack_latents
+    from ..common.families.flux import pack_latents
     from .vae import to_pixels
 
     config = comps.vae.config
@@ -223,7 +223,7 @@ def pretrain_family(
         encoders = [text["text_encoder"], text["text_encoder_2"], text["text_encoder_3"]]
         empty, vae_from = "", f"{flux_world / 'pipeline' / 'vae'} (the FLUX world's, reused)"
     else:
-        from ..common.qwenimage_pipeline import NEGATIVE_PROMPT
+        from ..common.families.qwenimage_pipeline import NEGATIVE_PROMPT
 
         comps, encoders = _qwenimage_components(settings, seed, progress)
         empty, vae_from = NEGATIVE_PROMPT, f"trained here: AutoencoderKLQwenImage {QWEN_VAE}"

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..common.flux import FluxVelocity, pack_latents
-from ..common.flux_pipeline import encode_prompts
-from ..common.shapes import ShapeSpec, render_batch
+from ..common.families.flux import FluxVelocity, pack_latents
+from ..common.families.flux_pipeline import encode_prompts
+from ..common.prompts.shapes import ShapeSpec, render_batch
 from .text import MAX_TOKENS, TEXT_DIM
 from .vae import encode_images
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..common.errors import UsageError
-from ..common.shapes import SPLIT_SEED, split_combinations
+from ..common.prompts.shapes import SPLIT_SEED, split_combinations
 from .clip_reward import build_processor, train_clip_reward
 from .flow import train_flow
 from .text import build_clip_tokenizer, build_t5_tokenizer, build_text_encoders

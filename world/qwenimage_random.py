@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from ..common.qwenimage_pipeline import (
+from ..common.families.qwenimage_pipeline import (
     NEGATIVE_PROMPT,
     TEMPLATE,
     TEMPLATE_DROP,
     QwenImageComponents,
 )
-from ..common.shapes import all_combinations
+from ..common.prompts.shapes import all_combinations
 from .text import TEXT_DIM
 
 CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")

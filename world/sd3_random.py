@@ -60,7 +60,7 @@ def save_sd3_pipeline(out: str | Path, transformer, vae, text: dict, shift: floa
     """Save the parts as diffusers saves a StableDiffusion3Pipeline."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from ..common.sd3_pipeline import SD3Components
+    from ..common.families.sd3_pipeline import SD3Components
 
     comps = SD3Components(transformer=transformer, vae=vae, **text)
     return comps.save(out, FlowMatchEulerDiscreteScheduler(shift=shift))

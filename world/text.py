@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ..common.shapes import COLOURS, SHAPES, all_combinations
+from ..common.prompts.shapes import COLOURS, SHAPES, all_combinations
 
 WORDS: tuple[str, ...] = ("a", "an", "on", "background", *COLOURS, *SHAPES)
 MAX_TOKENS = 16  # CLIP context and T5 max_sequence_length of the tiny world (prompts use 9)

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..common.shapes import all_combinations, render_batch
+from ..common.prompts.shapes import all_combinations, render_batch
 
 STATS_IMAGES = 2048  # the latent mean and std are taken over this many images
 VAE_CONFIG = dict(

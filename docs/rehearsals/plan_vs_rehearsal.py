@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.planning.calibration import calibration
 from g2rpo.planning.timing import estimate_time
 

@@ -13,7 +13,7 @@ import sys
 import time
 
 import torch
-from g2rpo.common.config import load_config
+from g2rpo.common.config.loading import load_config
 from g2rpo.rollout_worker.plan import anchor_plan
 from g2rpo.rollout_worker.worker import RolloutWorkerCore
 

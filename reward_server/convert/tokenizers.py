@@ -12,7 +12,7 @@ import gzip
 from pathlib import Path
 
 from ...common.errors import UsageError
-from ...common.loaders import resolve_local_dir
+from ...common.families.loaders import resolve_local_dir
 
 # open_clip's SimpleTokenizer keeps the first 49,152 − 256 − 2 merges of the file
 _OPENCLIP_MERGES = 49152 - 256 - 2

@@ -14,7 +14,7 @@ import torch
 from cachetools import LRUCache
 from PIL import Image
 
-from ...common.loaders import resolve_local_dir
+from ...common.families.loaders import resolve_local_dir
 from .base import check_batch, check_images, torch_dtype, weights_version
 
 # A score must not depend on the company its image came in: the server's dynamic

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ...common.loaders import resolve_local_dir
+from ...common.families.loaders import resolve_local_dir
 from .base import check_batch, check_images, torch_dtype, weights_version
 
 

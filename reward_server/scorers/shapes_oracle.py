@@ -17,7 +17,7 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image
 
-from ...common.shapes import PALETTE, SHAPES, parse_prompt, shape_mask
+from ...common.prompts.shapes import PALETTE, SHAPES, parse_prompt, shape_mask
 from .base import BadInput, check_batch
 
 _NAMES = list(PALETTE)

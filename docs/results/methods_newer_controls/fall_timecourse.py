@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from g2rpo.common.stats import across_seeds
+from g2rpo.common.algorithms.stats import across_seeds
 from scipy.stats import bootstrap
 
 METRIC = "shapes_clip"

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 import torch
-from g2rpo.common.stats import seed_summary
+from g2rpo.common.algorithms.stats import seed_summary
 from g2rpo.evaluation.evaluate import EvalSettings, evaluate_policy
 from g2rpo.evaluation.metrics import make_scorers
 from g2rpo.evaluation.policy import load_policy, resolve_policy
