@@ -53,6 +53,19 @@ class LocalNode:
     private: dict[str, Path] = field(default_factory=dict)  # path seen → where it lies
 
 
+def processes_naming(path: str) -> list:
+    """The processes whose command line names ``path`` (a Ray temp dir: what one Ray
+    started, whatever its process group), as psutil Processes with ``info["cmdline"]``."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if any(path in arg for arg in proc.info["cmdline"] or ()):
+                found.append(proc)
+    return found
+
+
 def _need_namespaces() -> None:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         raise RunFailed(
@@ -213,14 +226,7 @@ class LocalCluster:
             time.sleep(0.2)
 
     def _left(self, node: LocalNode) -> list:
-        import psutil
-
-        left = []
-        for proc in psutil.process_iter(["cmdline"]):
-            with contextlib.suppress(psutil.Error):
-                if any(node.temp_dir in arg for arg in proc.info["cmdline"] or ()):
-                    left.append(proc)
-        return left
+        return processes_naming(node.temp_dir)
 
     def stop(self) -> None:
         import psutil

@@ -99,32 +99,35 @@ def wait_placed(
     pending = [[h.placement.remote() for h in handles] for _, handles, _ in groups]
     everything = [ref for refs in pending for ref in refs]
 
-    def waiting(ready: set) -> str:
-        lines = []
+    def not_placed(ready: set) -> list[tuple[str, int, int, dict]]:
+        """(field, actors, of them not placed, what each asks) of each group waiting."""
+        out = []
         for (field, handles, options), refs in zip(groups, pending, strict=True):
             if missing := sum(ref not in ready for ref in refs):
-                asked = ray_resources([options])
-                lines.append(f"{field}: {missing} of {len(handles)} asking {asked} each")
-        return "; ".join(lines)
+                out.append((field, len(handles), missing, ray_resources([options])))
+        return out
+
+    def waiting(ready: set) -> str:
+        return "; ".join(
+            f"{field}: {missing} of {n} asking {asked} each"
+            for field, n, missing, asked in not_placed(ready)
+        )
 
     ready = _wait_saying(everything, timeout_s, waiting, say)
     if len(ready) == len(everything):
         return [ray.get(refs) for refs in pending]
     total = ray.cluster_resources()
     unplaced = []  # (placeable, line): the impossible ones sort first
-    for (field, handles, options), refs in zip(groups, pending, strict=True):
-        missing = sum(ref not in ready for ref in refs)
-        if missing:
-            asked = ray_resources([options])
-            placeable = all(total.get(name, 0.0) >= amount for name, amount in asked.items())
-            unplaced.append(
-                (
-                    placeable,
-                    f"{field}: {missing} of {len(handles)} actor(s) asking {asked} each were "
-                    f"not placed within train.placement_timeout_s={timeout_s:g}s"
-                    + ("" if placeable else " (more than the whole cluster has)"),
-                )
+    for field, n, missing, asked in not_placed(ready):
+        placeable = all(total.get(name, 0.0) >= amount for name, amount in asked.items())
+        unplaced.append(
+            (
+                placeable,
+                f"{field}: {missing} of {n} actor(s) asking {asked} each were "
+                f"not placed within train.placement_timeout_s={timeout_s:g}s"
+                + ("" if placeable else " (more than the whole cluster has)"),
             )
+        )
     unplaced.sort(key=lambda u: u[0])
     raise PlacementError(
         "; ".join(line for _, line in unplaced) + f"; the cluster has {_summary(total)} in "

@@ -230,16 +230,9 @@ class RayHead:
             raise
 
     def _left(self) -> list:
-        import psutil
+        from g2rpo.orchestration.local_nodes import processes_naming
 
-        left = []
-        for proc in psutil.process_iter(["cmdline"]):
-            try:
-                if any(self.temp_dir in arg for arg in proc.info["cmdline"] or ()):
-                    left.append(proc)
-            except psutil.Error:
-                pass
-        return left
+        return processes_naming(self.temp_dir)
 
     def stop(self) -> None:
         import psutil

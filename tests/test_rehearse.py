@@ -89,16 +89,6 @@ def _flaky_ray(tmp_path: Path, fails: int) -> str:
     return str(script)
 
 
-def _processes_naming(path: str) -> list:
-    import psutil
-
-    return [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if any(path in a for a in p.info["cmdline"] or ())
-    ]
-
-
 def test_a_worker_node_that_does_not_start_starts_the_cluster_again(tmp_path, monkeypatch):
     """CI of 8d18b8d: a worker's `ray start` waited 5 minutes on the GCS and gave up, and
     the rehearsal failed in its cluster phase. The cluster stops (no process of the failed
@@ -131,7 +121,7 @@ def test_a_worker_node_that_does_not_start_starts_the_cluster_again(tmp_path, mo
         logs = tmp_path / "once" / "logs"
         assert "(injected)" in (logs / "node-1.attempt1.log").read_text()
         assert "Ray runtime started" in (logs / "node-1.log").read_text()
-        assert not _processes_naming(head.temp_dir)
+        assert not local_nodes.processes_naming(head.temp_dir)
 
         monkeypatch.undo()
         never = _flaky_ray(tmp_path, 9)

@@ -67,6 +67,7 @@ def test_sigterm_to_the_process_group_of_a_run_with_its_own_ray_stops_in_order(t
     import time
 
     import psutil
+    from g2rpo.orchestration.local_nodes import processes_naming
 
     ray_tmp = tempfile.mkdtemp(prefix="g2s-", dir="/tmp")  # short: Ray's socket paths
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
@@ -90,7 +91,7 @@ def test_sigterm_to_the_process_group_of_a_run_with_its_own_ray_stops_in_order(t
         while not (metrics.is_file() and metrics.read_text().strip()):
             assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
             time.sleep(0.5)
-        ours = [p for p in psutil.process_iter(["cmdline"]) if _names(p, ray_tmp)]
+        ours = processes_naming(ray_tmp)
         assert any(os.getpgid(p.pid) == run.pid for p in ours)  # its Ray: in its group
         sent = time.monotonic()
         os.killpg(run.pid, signal.SIGTERM)
@@ -102,14 +103,5 @@ def test_sigterm_to_the_process_group_of_a_run_with_its_own_ray_stops_in_order(t
     assert run.returncode == 143, text[-3000:]
     assert "resume with: g2rpo train --resume" in text and "Failed to connect to GCS" not in text
     assert took < 45, f"{took:.0f} s to stop"  # Ray's GCS wait was 60 s
-    _, alive = psutil.wait_procs(
-        [p for p in psutil.process_iter(["cmdline"]) if _names(p, ray_tmp)], timeout=30
-    )
+    _, alive = psutil.wait_procs(processes_naming(ray_tmp), timeout=30)
     assert not alive, [p.info["cmdline"][:1] for p in alive]
-
-
-def _names(proc, path: str) -> bool:
-    try:
-        return any(path in a for a in proc.info["cmdline"] or ())
-    except Exception:
-        return False
