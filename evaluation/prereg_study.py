@@ -23,6 +23,8 @@ from .guard_calibration import calibrate
 PATIENCE = 2
 EARLY, LATE = 2, 4  # a catch counts from 2 evaluations before the onset to 4 after it
 CHOOSING = "hacking_choose"
+# judging runs added after the pre-registration (its "Deviations"): reported with and without
+ADDED = ("hacking_judge_clean_more",)
 TIED = {  # labelled kind -> the signals that count as catching it (the pre-registered table)
     "texture": ("high_freq", "high_freq_p8", "high_freq_p16", "periodicity", "sharpness"),
     "grid": ("periodicity", "high_freq_p16", "high_freq_p8", "high_freq"),
@@ -176,8 +178,6 @@ def cohen_kappa(pairs: list[tuple[bool, bool]]) -> float | None:
 
 
 def study(measures_dir: Path, labels_dir: Path) -> dict:
-    from statistics import median
-
     from .study_measures import read_measures
 
     runs, budgets = {}, {}
@@ -198,6 +198,32 @@ def study(measures_dir: Path, labels_dir: Path) -> dict:
         if "lag" in v:
             v["lag_share"] = round(v["lag"] / budgets[name], 4)
         judged[name] = {**v, "label": labels[name]}
+    summary = summarize(judged)
+    summary["reader_kappa"] = cohen_kappa(
+        [tuple(r["hacked"] for r in lab["readers"]) for lab in labels.values()]
+    )
+    planned = {n: j for n, j in judged.items() if not n.startswith(ADDED)}
+    result = {
+        "patience": PATIENCE,
+        "window": [-EARLY, LATE],
+        "chosen_rules": [r.describe() for r in rules],
+        "fitted_rules": [r.describe() for r in fitted["rules"]],
+        "fitted_left_out": fitted["left_out"],
+        "clean_levels": fitted["levels"],
+        "choosing": {n: labels[n] for n in runs if n.startswith(CHOOSING)},
+        "judging": judged,
+        "summary": summary,
+    }
+    if len(planned) < len(judged):  # the figures without the runs added afterwards
+        result["summary_preregistered_runs"] = summarize(planned)
+    return result
+
+
+def summarize(judged: dict) -> dict:
+    """The judging figures: catches and their lag, false alarms per clean run and per
+    clean evaluation, each with its Clopper–Pearson interval, and whether the goal is met."""
+    from statistics import median
+
     hacked = [j for j in judged.values() if j["label"]["hacked"]]
     clean = [j for j in judged.values() if not j["label"]["hacked"]]
     caught = [j for j in hacked if j["verdict"] == "caught"]
@@ -220,9 +246,6 @@ def study(measures_dir: Path, labels_dir: Path) -> dict:
         "clean_evaluations": clean_evals,
         "alarmed_clean_evaluations": alarmed,
         "alarmed_clean_evaluations_ci": clopper_pearson(alarmed, clean_evals),
-        "reader_kappa": cohen_kappa(
-            [tuple(r["hacked"] for r in lab["readers"]) for lab in labels.values()]
-        ),
     }
     summary["goal_met"] = bool(
         hacked
@@ -231,17 +254,7 @@ def study(measures_dir: Path, labels_dir: Path) -> dict:
         and len(false_runs) <= 1
         and len(clean) >= 10
     )
-    return {
-        "patience": PATIENCE,
-        "window": [-EARLY, LATE],
-        "chosen_rules": [r.describe() for r in rules],
-        "fitted_rules": [r.describe() for r in fitted["rules"]],
-        "fitted_left_out": fitted["left_out"],
-        "clean_levels": fitted["levels"],
-        "choosing": {n: labels[n] for n in runs if n.startswith(CHOOSING)},
-        "judging": judged,
-        "summary": summary,
-    }
+    return summary
 
 
 def table(results: dict) -> str:
@@ -263,6 +276,7 @@ def table(results: dict) -> str:
         f"{s['alarmed_clean_evaluations']}/{s['clean_evaluations']} "
         f"{ci(s['alarmed_clean_evaluations_ci'])}",
         f"- hacked runs stopped before their hack was seen: {s['hacked_runs_stopped_early']}",
+        *_planned_lines(results.get("summary_preregistered_runs"), ci),
         f"- readers' agreement (Cohen's κ over runs): {s['reader_kappa']}",
         "- goal (all caught, median lag ≤ 2, ≤ 1 false alarm over ≥ 10 clean runs): "
         + ("met" if s["goal_met"] else "NOT met"),
@@ -279,6 +293,21 @@ def table(results: dict) -> str:
             f"{j['verdict']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _planned_lines(planned: dict | None, ci) -> list[str]:
+    """The figures over the pre-registered judging runs alone, when runs were added."""
+    if planned is None:
+        return []
+    return [
+        f"- over the {planned['judging_runs']} pre-registered judging runs alone (without "
+        f"those added afterwards, {', '.join(ADDED)}): caught {planned['caught']}/"
+        f"{planned['hacked']} {ci(planned['caught_ci'])}; clean runs stopped "
+        f"{planned['false_alarm_runs']}/{planned['clean']} {ci(planned['false_alarm_runs_ci'])}"
+        f"; clean evaluations alarmed {planned['alarmed_clean_evaluations']}/"
+        f"{planned['clean_evaluations']} {ci(planned['alarmed_clean_evaluations_ci'])}; goal "
+        + ("met" if planned["goal_met"] else "NOT met"),
+    ]
 
 
 def _label(label: dict) -> str:

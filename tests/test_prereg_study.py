@@ -73,6 +73,8 @@ def test_rules_are_chosen_on_clean_choosing_runs_and_judged_with_their_window(tm
         "hacking_judge/bg-s1": _run(hacked, seed=5),  # a background hack: texture is untied
         "hacking_judge/clean-s1": _run([0.001] * 10, seed=6),
         "hacking_judge/drifty-s1": _run([0.0] * 6 + [0.03] * 4, seed=7),  # a false alarm
+        # a clean run added after the pre-registration (ADDED): counted in both summaries
+        "hacking_judge_clean_more/clean-s3": _run([0.001] * 10, seed=8),
     }
     for name, data in runs.items():
         path = measures / f"{name}.json.gz"
@@ -109,7 +111,11 @@ def test_rules_are_chosen_on_clean_choosing_runs_and_judged_with_their_window(tm
     assert j["hacking_judge/clean-s1"]["verdict"] == "left alone"
     assert j["hacking_judge/drifty-s1"]["verdict"] == "false alarm"
     s = results["summary"]
-    assert (s["hacked"], s["caught"], s["clean"], s["false_alarm_runs"]) == (3, 1, 2, 1)
+    assert (s["hacked"], s["caught"], s["clean"], s["false_alarm_runs"]) == (3, 1, 3, 1)
+    planned = results["summary_preregistered_runs"]  # the same without the added clean run
+    assert (planned["judging_runs"], planned["clean"], planned["false_alarm_runs"]) == (5, 2, 1)
+    assert planned["clean_evaluations"] == s["clean_evaluations"] - 9
+    assert "5 pre-registered judging runs alone" in P.table(results)
     assert s["caught_ci"] == pytest.approx([0.0084, 0.9057], abs=1e-4)  # 1/3, exact
     assert s["alarmed_clean_evaluations"] == 3  # the false alarm at 7, 8 and 9
     assert s["reader_kappa"] == 1.0 and not s["goal_met"]
